@@ -1,0 +1,231 @@
+//! The policy: the TOML file (`raw.rs`) compiled into validated runtime types (`compile.rs`)
+//! that requests read. A compiled [`Policy`] is immutable; a reload compiles a new one.
+
+mod compile;
+pub mod raw;
+pub mod units;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Uri};
+use ipnet::IpNet;
+
+pub use raw::{Backend, HeaderMode, KeySource, Missing, Mode, Normalize, StoreFailurePolicy};
+pub use units::Rate;
+
+use crate::client_ip::Trust;
+
+/// A validated policy, ready to serve.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub server: ServerSettings,
+    pub admin: AdminSettings,
+    pub client_ip: ClientIpSettings,
+    pub store: StoreSettings,
+    pub upstreams: Vec<Upstream>,
+    pub limits: Vec<Limit>,
+    /// In match order: the first that matches wins.
+    pub routes: Vec<Route>,
+    /// Suspicious but valid policy (`tollgate check` prints them, `run` logs them).
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSettings {
+    pub listen: Vec<SocketAddr>,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_buffered_body: usize,
+    pub grace_period: Duration,
+    pub ratelimit_headers: HeaderMode,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminSettings {
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientIpSettings {
+    pub trust: Trust,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreSettings {
+    pub backend: Backend,
+    pub max_keys: usize,
+    /// Secret for hashing request-derived key values; `None`: `TOLLGATE_HASH_KEY`, else random.
+    pub hash_key: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upstream {
+    pub name: String,
+    pub targets: Vec<UpstreamTarget>,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+}
+
+/// One address of an upstream: where requests go, and the path they are put under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamTarget {
+    pub url: Uri,
+    /// The URL's path without its trailing slash (`""` for the root).
+    pub base_path: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limit {
+    pub name: Arc<str>,
+    /// The parts of the key; empty for `global`.
+    pub key: Vec<KeySource>,
+    pub normalize: Normalize,
+    pub missing: Missing,
+    pub capacity: f64,
+    pub rate: Rate,
+    pub mode: Mode,
+    pub exempt: Vec<IpNet>,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+    /// Identifies this definition; buckets of a redefined limit start fresh.
+    pub fingerprint: u64,
+}
+
+impl Limit {
+    /// Whether the key reads the request body (which then has to be buffered).
+    pub fn reads_body(&self) -> bool {
+        self.key
+            .iter()
+            .any(|source| matches!(source, KeySource::JsonField(_) | KeySource::FormField(_)))
+    }
+
+    /// Seconds an empty bucket takes to fill up.
+    pub fn refill_seconds(&self) -> f64 {
+        self.capacity / self.rate.per_second()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    pub name: Arc<str>,
+    /// Lower-case host name, without port.
+    pub host: Option<String>,
+    /// `None`: any method.
+    pub methods: Option<Vec<Method>>,
+    pub path: PathMatch,
+    /// Index into [`Policy::upstreams`].
+    pub upstream: usize,
+    pub limits: Vec<RouteLimit>,
+    pub on_store_failure: StoreFailurePolicy,
+    /// Some limit of this route reads the body, so the body is buffered before deciding.
+    pub reads_body: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteLimit {
+    /// Index into [`Policy::limits`].
+    pub limit: usize,
+    pub cost: f64,
+}
+
+/// How a route matches the normalized path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    /// This path, with or without one trailing slash (stored without it, `/` for the root).
+    Exact(String),
+    /// This path and everything below it, segment by segment (stored without trailing slash).
+    Prefix(String),
+}
+
+/// One problem in a policy file, located as precisely as the file allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    /// 1-based line and column.
+    pub position: Option<(usize, usize)>,
+    /// The TOML key path, such as `routes[2].limits` (empty when the parser did not say).
+    pub key: String,
+    pub message: String,
+    /// The offending line of the file, when known.
+    pub excerpt: Option<String>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some((line, column)) = self.position {
+            write!(f, ":{line}:{column}")?;
+        }
+        f.write_str(": ")?;
+        if !self.key.is_empty() {
+            write!(f, "{}: ", self.key)?;
+        }
+        f.write_str(&self.message)?;
+        if let Some(excerpt) = &self.excerpt {
+            write!(f, "\n    | {excerpt}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every problem found in a policy file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, error) in self.0.iter().enumerate() {
+            if index > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Policy {
+    /// Reads and compiles a policy file.
+    pub fn load(path: &Path) -> Result<Policy, ConfigErrors> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            ConfigErrors(vec![ConfigError {
+                file: name.clone(),
+                position: None,
+                key: String::new(),
+                message: format!("cannot read the policy file: {error}"),
+                excerpt: None,
+            }])
+        })?;
+        Policy::parse(&name, &text)
+    }
+
+    /// Compiles policy text; `file` names it in error messages.
+    pub fn parse(file: &str, text: &str) -> Result<Policy, ConfigErrors> {
+        compile::compile(file, text)
+    }
+
+    /// Looks up a limit by name.
+    pub fn limit(&self, name: &str) -> Option<&Limit> {
+        self.limits.iter().find(|limit| &*limit.name == name)
+    }
+
+    /// The compiled policy as a readable table (`tollgate check`).
+    pub fn summary(&self) -> String {
+        compile::summary(self)
+    }
+}
+
+/// Where `run` and `check` look for the policy when `--config` is not given.
+pub fn default_path() -> PathBuf {
+    std::env::var_os("TOLLGATE_CONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("config/tollgate.toml"))
+}

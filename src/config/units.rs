@@ -1,0 +1,176 @@
+//! Human forms of durations (`"30s"`), sizes (`"64KiB"`) and rates (`"5/s"`, `"1/30s"`).
+
+use std::fmt;
+use std::time::Duration;
+
+/// A refill rate: `tokens` every `period`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    pub tokens: f64,
+    pub period: Duration,
+}
+
+impl Rate {
+    /// Tokens added per second.
+    pub fn per_second(&self) -> f64 {
+        self.tokens / self.period.as_secs_f64()
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{}",
+            self.tokens,
+            humantime::format_duration(self.period)
+        )
+    }
+}
+
+/// Parses `"<tokens>/<period>"`, where the period is a unit (`s`, `min`, `h`, `d`, `ms`)
+/// or a duration (`30s`, `2m`). Zero, negative and non-finite rates are refused.
+pub fn parse_rate(text: &str) -> Result<Rate, String> {
+    let expected =
+        "expected \"<tokens>/<period>\" such as \"5/s\", \"100/min\", \"1/30s\" or \"0.5/s\"";
+    let (tokens, period) = text
+        .split_once('/')
+        .ok_or_else(|| format!("invalid rate {text:?}: {expected}"))?;
+    let tokens: f64 = tokens.trim().parse().map_err(|_| {
+        format!("invalid rate {text:?}: token count {tokens:?} is not a number; {expected}")
+    })?;
+    if !tokens.is_finite() || tokens <= 0.0 {
+        return Err(format!(
+            "invalid rate {text:?}: the token count must be greater than zero"
+        ));
+    }
+    let period_text = period.trim();
+    let period = match unit_duration(period_text) {
+        Some(unit) => unit,
+        None => parse_duration(period_text)
+            .map_err(|_| format!("invalid rate {text:?}: period {period_text:?} is not a unit (s, min, h, d) or a duration (30s, 2m); {expected}"))?,
+    };
+    if period.is_zero() {
+        return Err(format!(
+            "invalid rate {text:?}: the period must be longer than zero"
+        ));
+    }
+    Ok(Rate { tokens, period })
+}
+
+fn unit_duration(unit: &str) -> Option<Duration> {
+    let seconds = match unit {
+        "ms" => return Some(Duration::from_millis(1)),
+        "s" | "sec" | "second" => 1,
+        "m" | "min" | "minute" => 60,
+        "h" | "hour" => 3600,
+        "d" | "day" => 86_400,
+        _ => return None,
+    };
+    Some(Duration::from_secs(seconds))
+}
+
+/// Parses `"50ms"`, `"30s"`, `"2m"`, `"1h"` (and combinations such as `"1m 30s"`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|error| {
+        format!("invalid duration {text:?} ({error}): expected a duration such as \"50ms\", \"30s\", \"2m\" or \"1h\"")
+    })
+}
+
+/// Parses a byte size such as `"64KiB"`, `"1MiB"`, `"512KB"` or `"4096"`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let invalid = || {
+        format!(
+            "invalid size {text:?}: expected bytes such as 16384, \"64KiB\", \"1MiB\" or \"512KB\""
+        )
+    };
+    let number: f64 = number.parse().map_err(|_| invalid())?;
+    let multiplier: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1_000,
+        "KiB" => 1 << 10,
+        "MB" => 1_000_000,
+        "MiB" => 1 << 20,
+        "GB" => 1_000_000_000,
+        "GiB" => 1 << 30,
+        _ => return Err(invalid()),
+    };
+    let bytes = number * multiplier as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 || bytes.fract() != 0.0 {
+        return Err(invalid());
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_in_their_human_forms() {
+        let cases = [
+            ("5/s", 5.0),
+            ("100/min", 100.0 / 60.0),
+            ("1/30s", 1.0 / 30.0),
+            ("0.5/s", 0.5),
+            ("3600/h", 1.0),
+            ("1/120s", 1.0 / 120.0),
+            ("10/2m", 10.0 / 120.0),
+            ("86400/d", 1.0),
+            (" 2 / s ", 2.0),
+        ];
+        for (text, per_second) in cases {
+            let rate = parse_rate(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(
+                (rate.per_second() - per_second).abs() < 1e-12,
+                "{text}: {} != {per_second}",
+                rate.per_second()
+            );
+        }
+    }
+
+    #[test]
+    fn zero_negative_and_malformed_rates_are_refused() {
+        for text in [
+            "0/s",
+            "-1/s",
+            "5",
+            "five/s",
+            "5/fortnight",
+            "5/0s",
+            "NaN/s",
+            "inf/s",
+            "/s",
+        ] {
+            assert!(parse_rate(text).is_err(), "{text} should be refused");
+        }
+        assert!(parse_rate("0/s").unwrap_err().contains("greater than zero"));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("50ms"), Ok(Duration::from_millis(50)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("10").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64KiB"), Ok(65_536));
+        assert_eq!(parse_size("1MiB"), Ok(1_048_576));
+        assert_eq!(parse_size("512KB"), Ok(512_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        for text in ["", "KiB", "12 parsecs", "-1KiB", "0.3B"] {
+            assert!(parse_size(text).is_err(), "{text} should be refused");
+        }
+    }
+}

@@ -1,0 +1,512 @@
+//! THE request path, top to bottom. Each phase either hands the request on or answers it:
+//!
+//! ```text
+//! check the request ─ route ─ client address ─ (buffer body) ─ keys ─ decide ─ forward ─ respond
+//!        400/405/431     404          400             413/400      400     429/503   502/504
+//! ```
+//!
+//! Every response the gateway writes itself comes from `respond.rs`; every request leaves
+//! one access-log line and its counters.
+
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+
+use crate::client_ip;
+use crate::config::{Mode, Route, StoreFailurePolicy};
+use crate::key::{self, RequestFacts};
+use crate::limit::{BucketKey, BucketRequest, Charge, Decision};
+use crate::metrics::{Outcome, RouteMetrics, StatusClass};
+use crate::respond::{self, LimitReport, Refusal};
+use crate::upstream::{self, ForwardError, OutgoingBody};
+use crate::{path, route, Body, Runtime, Shared};
+
+/// What the gateway knows of the connection a request came on.
+#[derive(Debug, Clone, Copy)]
+pub struct Connection {
+    pub peer: IpAddr,
+    /// `X-Forwarded-Proto` for the upstream.
+    pub proto: &'static str,
+}
+
+/// Serves requests against the current policy. Cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// One line of the access log, filled in as the request moves through the phases.
+struct Exchange {
+    started: Instant,
+    method: Method,
+    path: String,
+    client: Option<IpAddr>,
+    route: Option<Arc<str>>,
+    outcome: Option<Outcome>,
+    limit: Option<String>,
+    upstream: Option<Duration>,
+    request_id: HeaderValue,
+}
+
+impl Gateway {
+    /// Answers one request; never fails (errors become responses).
+    pub async fn handle(
+        &self,
+        mut request: Request<Incoming>,
+        connection: Connection,
+    ) -> Response<Body> {
+        let metrics = &self.shared.metrics;
+        metrics.inflight.inc();
+        let runtime = self.shared.runtime.load_full();
+        let request_id = self.shared.request_id(request.headers());
+        request
+            .headers_mut()
+            .insert(X_REQUEST_ID, request_id.clone());
+        let mut exchange = Exchange {
+            started: Instant::now(),
+            method: request.method().clone(),
+            path: String::new(),
+            client: None,
+            route: None,
+            outcome: None,
+            limit: None,
+            upstream: None,
+            request_id,
+        };
+        let mut response = self
+            .serve(&runtime, request, connection, &mut exchange)
+            .await;
+        response
+            .headers_mut()
+            .insert(X_REQUEST_ID, exchange.request_id.clone());
+        metrics.inflight.dec();
+        access_log(&exchange, response.status());
+        response
+    }
+
+    async fn serve(
+        &self,
+        runtime: &Runtime,
+        request: Request<Incoming>,
+        connection: Connection,
+        exchange: &mut Exchange,
+    ) -> Response<Body> {
+        let policy = &runtime.policy;
+        exchange.path = path::normalize(request.uri().path());
+        if self.shared.shutting_down.load(Ordering::Relaxed) {
+            return respond::shutting_down();
+        }
+        let host = match check_request(&request, policy.server.max_header_bytes) {
+            Ok(host) => host,
+            Err(refusal) => {
+                self.shared.metrics.bad_request_without_route();
+                exchange.outcome = Some(Outcome::BadRequest);
+                return refusal.render();
+            }
+        };
+        let host_name = host.as_ref().map(host_without_port);
+        let Some(index) = route::find(
+            &policy.routes,
+            host_name.as_deref(),
+            request.method(),
+            &exchange.path,
+        ) else {
+            self.shared.metrics.no_route();
+            exchange.outcome = Some(Outcome::NoRoute);
+            return respond::not_found();
+        };
+        let route = &policy.routes[index];
+        let metrics = &runtime.metrics[index];
+        exchange.route = Some(route.name.clone());
+        let (outcome, response) = self
+            .serve_route(runtime, route, metrics, request, host, connection, exchange)
+            .await;
+        metrics.outcome(outcome).inc();
+        exchange.outcome = Some(outcome);
+        response
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn serve_route(
+        &self,
+        runtime: &Runtime,
+        route: &Route,
+        metrics: &RouteMetrics,
+        request: Request<Incoming>,
+        host: Option<HeaderValue>,
+        connection: Connection,
+        exchange: &mut Exchange,
+    ) -> (Outcome, Response<Body>) {
+        let policy = &runtime.policy;
+        let forwarded_for = request
+            .headers()
+            .get_all(X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|value| value.to_str().ok());
+        let resolved =
+            match client_ip::resolve(&policy.client_ip.trust, connection.peer, forwarded_for) {
+                Ok(resolved) => resolved,
+                Err(error) => {
+                    return (
+                        Outcome::BadRequest,
+                        respond::bad_request(&error.to_string()),
+                    )
+                }
+            };
+        if let Some(warning) = resolved.warning {
+            self.shared.trust_warning(warning);
+        }
+        let client = resolved.client;
+        exchange.client = Some(client);
+
+        let (mut parts, body) = request.into_parts();
+        let body = if route.reads_body {
+            match buffer_body(&parts.headers, body, policy.server.max_buffered_body).await {
+                Ok(bytes) => OutgoingBody::Buffered(bytes),
+                Err(refusal) => return (Outcome::BadRequest, refusal.render()),
+            }
+        } else if http_body::Body::is_end_stream(&body) {
+            OutgoingBody::Buffered(Bytes::new())
+        } else {
+            OutgoingBody::Streamed(body)
+        };
+
+        // Keys: one bucket per applicable limit; `applied[i]` is the route entry of bucket i.
+        let mut buckets = Vec::with_capacity(route.limits.len());
+        let mut applied = Vec::with_capacity(route.limits.len());
+        {
+            let body_bytes = match &body {
+                OutgoingBody::Buffered(bytes) if route.reads_body => Some(bytes.as_ref()),
+                _ => None,
+            };
+            let facts = RequestFacts::new(client, &parts.headers, parts.uri.query(), body_bytes);
+            for (position, entry) in route.limits.iter().enumerate() {
+                let limit = &policy.limits[entry.limit];
+                match key::extract(limit, &facts, &self.shared.hasher) {
+                    Ok(Some(key_parts)) => {
+                        buckets.push(BucketRequest {
+                            key: BucketKey {
+                                limit: limit.name.clone(),
+                                fingerprint: limit.fingerprint,
+                                parts: key_parts,
+                            },
+                            charge: Charge {
+                                capacity: limit.capacity,
+                                rate: limit.rate.per_second(),
+                                cost: entry.cost,
+                                enforce: limit.mode == Mode::Enforce,
+                            },
+                        });
+                        applied.push(position);
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        return (
+                            Outcome::BadRequest,
+                            respond::bad_request(&error.to_string()),
+                        )
+                    }
+                }
+            }
+        }
+
+        let mut outcome = Outcome::Allowed;
+        let decision = if buckets.is_empty() {
+            Decision {
+                admitted: true,
+                verdicts: Vec::new(),
+            }
+        } else {
+            match self.decide(&buckets).await {
+                Ok(decision) => decision,
+                Err(()) => {
+                    metrics.degraded.inc();
+                    match route.on_store_failure {
+                        StoreFailurePolicy::Allow => {
+                            outcome = Outcome::DegradedAllowed;
+                            Decision {
+                                admitted: true,
+                                verdicts: Vec::new(),
+                            }
+                        }
+                        StoreFailurePolicy::Deny => {
+                            return (Outcome::StoreUnavailable, respond::store_unavailable(1));
+                        }
+                        StoreFailurePolicy::Local => {
+                            outcome = Outcome::DegradedAllowed;
+                            self.shared.local.decide(&buckets)
+                        }
+                    }
+                }
+            }
+        };
+
+        let mut reports = Vec::with_capacity(decision.verdicts.len());
+        let mut refusing = Vec::new();
+        for ((bucket, verdict), position) in buckets.iter().zip(&decision.verdicts).zip(&applied) {
+            let limit_metrics = &metrics.limits[*position];
+            limit_metrics
+                .fill_ratio
+                .observe((verdict.tokens / bucket.charge.capacity).clamp(0.0, 1.0));
+            if decision.admitted && verdict.sufficient {
+                limit_metrics.tokens_consumed.inc_by(bucket.charge.cost);
+            }
+            if !verdict.sufficient {
+                if bucket.charge.enforce {
+                    limit_metrics.limited.inc();
+                    refusing.push(&*bucket.key.limit);
+                } else if decision.admitted && outcome == Outcome::Allowed {
+                    outcome = Outcome::ShadowLimited;
+                }
+            }
+            if bucket.charge.enforce {
+                reports.push(LimitReport {
+                    name: &bucket.key.limit,
+                    capacity: bucket.charge.capacity,
+                    rate: bucket.charge.rate,
+                    cost: bucket.charge.cost,
+                    tokens: verdict.tokens,
+                    full_in: verdict.full_in,
+                    wait: verdict.wait,
+                    refused: !decision.admitted && !verdict.sufficient,
+                });
+            }
+        }
+        let header_mode = policy.server.ratelimit_headers;
+        if !decision.admitted {
+            exchange.limit = Some(refusing.join(","));
+            tracing::debug!(route = %route.name, limits = %refusing.join(","), "refused");
+            return (
+                Outcome::Limited,
+                respond::too_many_requests(header_mode, &reports),
+            );
+        }
+
+        let upgrade = upstream::is_upgrade(&parts.headers);
+        let client_upgrade = if upgrade {
+            parts.extensions.remove::<OnUpgrade>()
+        } else {
+            None
+        };
+        if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        upstream::rewrite_request_headers(
+            &mut parts.headers,
+            connection.peer,
+            connection.proto,
+            host.as_ref(),
+            upgrade,
+        );
+        parts.uri = forwarded_uri(&exchange.path, parts.uri.query());
+
+        let pool = &runtime.upstreams[route.upstream];
+        let sent = Instant::now();
+        let result = pool.send(parts, body).await;
+        let elapsed = sent.elapsed();
+        exchange.upstream = Some(elapsed);
+        let mut response = match result {
+            Ok(response) => response,
+            Err(error) => {
+                metrics.upstream_status(StatusClass::Error).inc();
+                tracing::warn!(route = %route.name, upstream = %pool.settings.name, %error, "upstream failed");
+                let response = match error {
+                    ForwardError::Timeout(_) => respond::gateway_timeout(),
+                    ForwardError::Connect(_) | ForwardError::Exchange(_) => respond::bad_gateway(),
+                };
+                return (outcome, response);
+            }
+        };
+        metrics.upstream_duration.observe(elapsed.as_secs_f64());
+        metrics
+            .upstream_status(StatusClass::of(response.status()))
+            .inc();
+
+        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if switching {
+            match (
+                client_upgrade,
+                response.extensions_mut().remove::<OnUpgrade>(),
+            ) {
+                (Some(client), Some(server)) => self.splice_upgraded(client, server),
+                _ => return (outcome, respond::bad_gateway()),
+            }
+        }
+        upstream::remove_hop_by_hop(response.headers_mut(), switching);
+        respond::add_ratelimit_headers(response.headers_mut(), header_mode, &reports);
+        (
+            outcome,
+            response.map(|body| body.map_err(Into::into).boxed()),
+        )
+    }
+
+    /// One store call for all of the request's buckets; `Err` is a store failure (counted).
+    async fn decide(&self, buckets: &[BucketRequest]) -> Result<Decision, ()> {
+        let store = &self.shared.store;
+        let (duration, errors) = &self.shared.store_metrics;
+        let started = Instant::now();
+        let result = store.decide(buckets).await;
+        duration.observe(started.elapsed().as_secs_f64());
+        result.map_err(|error| {
+            errors.inc();
+            tracing::warn!(backend = store.backend(), %error, "store call failed");
+        })
+    }
+
+    /// Copies bytes both ways between an upgraded client and upstream connection.
+    fn splice_upgraded(&self, client: OnUpgrade, server: OnUpgrade) {
+        self.shared.tasks.spawn(async move {
+            let (client, server) = match tokio::try_join!(client, server) {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::debug!(%error, "upgrade did not complete");
+                    return;
+                }
+            };
+            let (mut client, mut server) = (TokioIo::new(client), TokioIo::new(server));
+            if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut server).await {
+                tracing::debug!(%error, "upgraded connection ended");
+            }
+        });
+    }
+}
+
+const X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
+pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
+/// Request-level checks before routing; returns the request's host (Host or :authority).
+fn check_request(
+    request: &Request<Incoming>,
+    max_header_bytes: usize,
+) -> Result<Option<HeaderValue>, Refusal> {
+    if request.method() == Method::CONNECT {
+        return Err(Refusal::MethodNotAllowed);
+    }
+    let headers = request.headers();
+    let header_bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum::<usize>()
+        + request.uri().to_string().len();
+    if header_bytes > max_header_bytes {
+        return Err(Refusal::HeaderFieldsTooLarge);
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.contains_key(header::CONTENT_LENGTH)
+    {
+        return Err(Refusal::BadRequest(
+            "both Content-Length and Transfer-Encoding are present".to_owned(),
+        ));
+    }
+    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+    if let Some(first) = lengths.next() {
+        if lengths.any(|other| other != first) {
+            return Err(Refusal::BadRequest(
+                "conflicting Content-Length values".to_owned(),
+            ));
+        }
+    }
+    request_host(request.uri(), headers, request.version())
+        .map_err(|detail| Refusal::BadRequest(detail.to_owned()))
+}
+
+fn request_host(
+    uri: &Uri,
+    headers: &HeaderMap,
+    version: Version,
+) -> Result<Option<HeaderValue>, &'static str> {
+    if let Some(authority) = uri.authority() {
+        return HeaderValue::from_str(authority.as_str())
+            .map(Some)
+            .map_err(|_| "invalid authority");
+    }
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let host = match (hosts.next(), hosts.next()) {
+        (None, _) if version == Version::HTTP_11 => return Err("missing Host header"),
+        (None, _) => return Ok(None),
+        (Some(_), Some(_)) => return Err("several Host headers"),
+        (Some(host), None) => host,
+    };
+    let valid = host
+        .to_str()
+        .ok()
+        .filter(|text| !text.is_empty())
+        .and_then(|text| text.parse::<http::uri::Authority>().ok())
+        .is_some_and(|authority| {
+            authority.as_str() == authority.host() || authority.port().is_some()
+        });
+    if valid {
+        Ok(Some(host.clone()))
+    } else {
+        Err("invalid Host header")
+    }
+}
+
+fn host_without_port(host: &HeaderValue) -> String {
+    let text = host.to_str().unwrap_or_default();
+    text.parse::<http::uri::Authority>()
+        .map(|authority| authority.host().to_ascii_lowercase())
+        .unwrap_or_else(|_| text.to_ascii_lowercase())
+}
+
+fn forwarded_uri(path: &str, query: Option<&str>) -> Uri {
+    let text = match query {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    };
+    text.parse().unwrap_or_else(|_| Uri::from_static("/"))
+}
+
+/// Reads the whole body, up to `max` bytes (413 beyond; 400 if the client breaks off).
+async fn buffer_body(headers: &HeaderMap, body: Incoming, max: usize) -> Result<Bytes, Refusal> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > max as u64) {
+        return Err(Refusal::PayloadTooLarge(max));
+    }
+    match Limited::new(body, max).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(Refusal::PayloadTooLarge(max))
+        }
+        Err(_) => Err(Refusal::BadRequest(
+            "the request body could not be read".to_owned(),
+        )),
+    }
+}
+
+fn access_log(exchange: &Exchange, status: StatusCode) {
+    let outcome = exchange.outcome.map_or("", Outcome::as_str);
+    let client = exchange
+        .client
+        .map(|client| client.to_string())
+        .unwrap_or_default();
+    let route = exchange.route.as_deref().unwrap_or("");
+    let limit = exchange.limit.as_deref().unwrap_or("");
+    let milliseconds = |elapsed: Duration| (elapsed.as_secs_f64() * 1e6).round() / 1e3;
+    let upstream_ms = exchange.upstream.map_or(-1.0, milliseconds);
+    tracing::info!(
+        target: "tollgate::access",
+        client = %client,
+        method = %exchange.method,
+        path = %exchange.path,
+        route,
+        status = status.as_u16(),
+        outcome,
+        limit,
+        duration_ms = milliseconds(exchange.started.elapsed()),
+        upstream_ms,
+        request_id = exchange.request_id.to_str().unwrap_or_default(),
+    );
+}

@@ -1,0 +1,435 @@
+//! Extracting each limit's key from a request.
+//!
+//! Network keys are kept in clear (`v6:2001:db8:1:2::/64`); every value that comes from the
+//! request itself (header, query, cookie, body field) is reduced to a keyed hash before it
+//! goes anywhere near a store, so no email or token is ever stored in clear.
+
+use std::cell::OnceCell;
+use std::net::IpAddr;
+
+use http::HeaderMap;
+use ipnet::IpNet;
+
+use crate::config::{KeySource, Limit, Missing, Normalize};
+use crate::limit::KeyPart;
+
+/// Hashes request-derived key values with a secret, so stored keys reveal nothing.
+#[derive(Clone)]
+pub struct KeyHasher {
+    key: [u8; 32],
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyHasher(..)")
+    }
+}
+
+impl KeyHasher {
+    /// Derives the hashing key from a secret of any length.
+    pub fn from_secret(secret: &[u8]) -> KeyHasher {
+        KeyHasher {
+            key: blake3::derive_key("tollgate 2026 request key values", secret),
+        }
+    }
+
+    /// A key that lives as long as the process (enough for the memory store).
+    pub fn random() -> KeyHasher {
+        let mut secret = [0u8; 32];
+        if getrandom::getrandom(&mut secret).is_err() {
+            // Without an entropy source, fall back to values that still differ per process.
+            let fallback = format!("{:?}{}", std::time::SystemTime::now(), std::process::id());
+            return KeyHasher::from_secret(fallback.as_bytes());
+        }
+        KeyHasher::from_secret(&secret)
+    }
+
+    pub fn digest(&self, value: &[u8]) -> [u8; 16] {
+        let hash = blake3::keyed_hash(&self.key, value);
+        let mut digest = [0u8; 16];
+        digest.copy_from_slice(&hash.as_bytes()[..16]);
+        digest
+    }
+}
+
+/// What the key extraction reads from one request. Bodies are parsed at most once.
+pub struct RequestFacts<'a> {
+    pub client: IpAddr,
+    pub headers: &'a HeaderMap,
+    pub query: Option<&'a str>,
+    /// The buffered body, for routes whose limits read it.
+    pub body: Option<&'a [u8]>,
+    json: OnceCell<Option<serde_json::Value>>,
+    form: OnceCell<Vec<(String, String)>>,
+}
+
+impl<'a> RequestFacts<'a> {
+    pub fn new(
+        client: IpAddr,
+        headers: &'a HeaderMap,
+        query: Option<&'a str>,
+        body: Option<&'a [u8]>,
+    ) -> RequestFacts<'a> {
+        RequestFacts {
+            client,
+            headers,
+            query,
+            body,
+            json: OnceCell::new(),
+            form: OnceCell::new(),
+        }
+    }
+
+    fn json(&self) -> Option<&serde_json::Value> {
+        self.json
+            .get_or_init(|| self.body.and_then(|body| serde_json::from_slice(body).ok()))
+            .as_ref()
+    }
+
+    fn form(&self) -> &[(String, String)] {
+        self.form.get_or_init(|| {
+            self.body
+                .map(|body| form_urlencoded::parse(body).into_owned().collect())
+                .unwrap_or_default()
+        })
+    }
+}
+
+/// Why a request cannot be keyed: answered 400.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("missing {what} required by limit {limit:?}")]
+    Missing { limit: String, what: String },
+    #[error("{what} appears several times with different values")]
+    Ambiguous { what: String },
+}
+
+/// The key of `limit` for this request: `Ok(None)` when the limit does not apply to it
+/// (exempt client, or missing key with `missing = "skip"`).
+pub fn extract(
+    limit: &Limit,
+    facts: &RequestFacts<'_>,
+    hasher: &KeyHasher,
+) -> Result<Option<Vec<KeyPart>>, KeyError> {
+    if limit
+        .exempt
+        .iter()
+        .any(|network| network.contains(&facts.client))
+    {
+        return Ok(None);
+    }
+    let mut parts = Vec::with_capacity(limit.key.len());
+    for source in &limit.key {
+        let part = match source {
+            KeySource::Global => continue,
+            KeySource::ClientNetwork => Some(KeyPart::Network(client_network(
+                facts.client,
+                limit.ipv4_prefix,
+                limit.ipv6_prefix,
+            ))),
+            _ => value_of(source, facts)?.map(|value| {
+                KeyPart::Digest(hasher.digest(normalize(&value, limit.normalize).as_bytes()))
+            }),
+        };
+        match part {
+            Some(part) => parts.push(part),
+            None => {
+                return match limit.missing {
+                    Missing::Skip => Ok(None),
+                    Missing::Reject => Err(KeyError::Missing {
+                        limit: limit.name.to_string(),
+                        what: describe(source),
+                    }),
+                }
+            }
+        }
+    }
+    Ok(Some(parts))
+}
+
+/// The network a client belongs to, with IPv4 and IPv6 masked to their own prefixes.
+pub fn client_network(client: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpNet {
+    let prefix = match client {
+        IpAddr::V4(_) => ipv4_prefix,
+        IpAddr::V6(_) => ipv6_prefix,
+    };
+    IpNet::new(client, prefix)
+        .map(|network| network.trunc())
+        .unwrap_or_else(|_| IpNet::from(client))
+}
+
+fn normalize(value: &str, normalize: Normalize) -> std::borrow::Cow<'_, str> {
+    match normalize {
+        Normalize::None => value.into(),
+        Normalize::Lowercase => value.to_lowercase().into(),
+        Normalize::Email => value.trim().to_lowercase().into(),
+    }
+}
+
+fn describe(source: &KeySource) -> String {
+    match source {
+        KeySource::ClientNetwork => "client network".to_owned(),
+        KeySource::Global => "global".to_owned(),
+        KeySource::Header(name) => format!("header {name:?}"),
+        KeySource::Query(name) => format!("query parameter {name:?}"),
+        KeySource::Cookie(name) => format!("cookie {name:?}"),
+        KeySource::JsonField(path) => format!("JSON body field {path:?}"),
+        KeySource::FormField(name) => format!("form field {name:?}"),
+    }
+}
+
+/// The value a source names in this request; empty values count as missing.
+fn value_of(source: &KeySource, facts: &RequestFacts<'_>) -> Result<Option<String>, KeyError> {
+    let value = match source {
+        KeySource::ClientNetwork | KeySource::Global => None,
+        KeySource::Header(name) => {
+            let values: Vec<String> = facts
+                .headers
+                .get_all(name.as_str())
+                .iter()
+                .map(|value| String::from_utf8_lossy(value.as_bytes()).trim().to_owned())
+                .filter(|value| !value.is_empty())
+                .collect();
+            (!values.is_empty()).then(|| values.join(","))
+        }
+        KeySource::Query(name) => {
+            let pairs = facts
+                .query
+                .map(|query| {
+                    form_urlencoded::parse(query.as_bytes())
+                        .into_owned()
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            single_value(
+                source,
+                pairs
+                    .iter()
+                    .filter(|(key, _)| key == name)
+                    .map(|(_, value)| value.as_str()),
+            )?
+        }
+        KeySource::Cookie(name) => {
+            let cookies = facts
+                .headers
+                .get_all(http::header::COOKIE)
+                .iter()
+                .filter_map(|value| value.to_str().ok())
+                .flat_map(|line| line.split(';'))
+                .filter_map(|pair| pair.trim().split_once('='))
+                .filter(|(key, _)| key.trim() == name)
+                .map(|(_, value)| value.trim().trim_matches('"'));
+            single_value(source, cookies)?
+        }
+        KeySource::FormField(name) => {
+            let values = facts
+                .form()
+                .iter()
+                .filter(|(key, _)| key == name)
+                .map(|(_, value)| value.as_str());
+            single_value(source, values)?
+        }
+        KeySource::JsonField(path) => facts.json().and_then(|json| json_field(json, path)),
+    };
+    Ok(value.filter(|value| !value.trim().is_empty()))
+}
+
+/// One value, even if repeated; different values would let the limit count one and the
+/// application use another.
+fn single_value<'v>(
+    source: &KeySource,
+    mut values: impl Iterator<Item = &'v str>,
+) -> Result<Option<String>, KeyError> {
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.any(|other| other != first) {
+        return Err(KeyError::Ambiguous {
+            what: describe(source),
+        });
+    }
+    Ok(Some(first.to_owned()))
+}
+
+/// Follows a dotted path (`user.email`) to a scalar.
+fn json_field(json: &serde_json::Value, path: &str) -> Option<String> {
+    let mut current = json;
+    for segment in path.split('.') {
+        current = current.as_object()?.get(segment)?;
+    }
+    match current {
+        serde_json::Value::String(text) => Some(text.clone()),
+        serde_json::Value::Number(number) => Some(number.to_string()),
+        serde_json::Value::Bool(flag) => Some(flag.to_string()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Policy;
+
+    fn policy(limits: &str) -> Policy {
+        let text = format!(
+            "[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n{limits}\n[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\n"
+        );
+        Policy::parse("test.toml", &text).unwrap()
+    }
+
+    fn key_of(
+        limit: &Limit,
+        client: &str,
+        headers: &[(&str, &str)],
+        query: Option<&str>,
+        body: Option<&str>,
+    ) -> Result<Option<Vec<KeyPart>>, KeyError> {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        let facts = RequestFacts::new(
+            client.parse().unwrap(),
+            &map,
+            query,
+            body.map(str::as_bytes),
+        );
+        extract(limit, &facts, &KeyHasher::from_secret(b"test secret value"))
+    }
+
+    #[test]
+    fn networks_group_ipv6_by_prefix_and_ipv4_by_address() {
+        let p = policy("[limits.n]\nkey = \"client_network\"\ncapacity = 1\nrate = \"1/s\"\n[limits.wide]\nkey = \"client_network\"\nipv6_prefix = 48\nipv4_prefix = 24\ncapacity = 1\nrate = \"1/s\"");
+        let n = p.limit("n").unwrap();
+        let a = key_of(n, "2001:db8:1:2::1", &[], None, None)
+            .unwrap()
+            .unwrap();
+        let b = key_of(n, "2001:db8:1:2:aaaa:bbbb:cccc:dddd", &[], None, None)
+            .unwrap()
+            .unwrap();
+        let c = key_of(n, "2001:db8:1:3::1", &[], None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a[0].to_string(), "v6:2001:db8:1:2::/64");
+        let v4 = key_of(n, "203.0.113.7", &[], None, None).unwrap().unwrap();
+        assert_eq!(v4[0].to_string(), "v4:203.0.113.7/32");
+        let wide = p.limit("wide").unwrap();
+        assert_eq!(
+            key_of(wide, "2001:db8:1:3::1", &[], None, None)
+                .unwrap()
+                .unwrap()[0]
+                .to_string(),
+            "v6:2001:db8:1::/48"
+        );
+        assert_eq!(
+            key_of(wide, "203.0.113.7", &[], None, None)
+                .unwrap()
+                .unwrap()[0]
+                .to_string(),
+            "v4:203.0.113.0/24"
+        );
+    }
+
+    #[test]
+    fn body_fields_are_hashed_and_normalized() {
+        let p = policy("[limits.acct]\nkey = { json_field = \"user.email\" }\nnormalize = \"email\"\ncapacity = 1\nrate = \"1/s\"\n[limits.form]\nkey = { form_field = \"username\" }\ncapacity = 1\nrate = \"1/s\"");
+        let acct = p.limit("acct").unwrap();
+        let a = key_of(
+            acct,
+            "1.2.3.4",
+            &[],
+            None,
+            Some(r#"{"user":{"email":" Alice@Example.com "}}"#),
+        )
+        .unwrap()
+        .unwrap();
+        let b = key_of(
+            acct,
+            "5.6.7.8",
+            &[],
+            None,
+            Some(r#"{"user":{"email":"alice@example.com"}}"#),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(a, b);
+        assert!(!a[0].to_string().contains("alice"));
+        assert_eq!(
+            key_of(acct, "1.2.3.4", &[], None, Some(r#"{"user":{}}"#)),
+            Ok(None)
+        );
+        assert_eq!(
+            key_of(acct, "1.2.3.4", &[], None, Some("not json")),
+            Ok(None)
+        );
+        let form = p.limit("form").unwrap();
+        assert!(
+            key_of(form, "1.2.3.4", &[], None, Some("username=bob&password=x"))
+                .unwrap()
+                .is_some()
+        );
+        assert!(matches!(
+            key_of(
+                form,
+                "1.2.3.4",
+                &[],
+                None,
+                Some("username=bob&username=eve")
+            ),
+            Err(KeyError::Ambiguous { .. })
+        ));
+    }
+
+    #[test]
+    fn missing_keys_skip_or_reject() {
+        let p = policy("[limits.user]\nkey = { header = \"X-User-Id\" }\nmissing = \"reject\"\ncapacity = 1\nrate = \"1/s\"\n[limits.q]\nkey = { query = \"api_key\" }\ncapacity = 1\nrate = \"1/s\"");
+        let user = p.limit("user").unwrap();
+        assert!(matches!(
+            key_of(user, "1.2.3.4", &[], None, None),
+            Err(KeyError::Missing { .. })
+        ));
+        assert!(matches!(
+            key_of(user, "1.2.3.4", &[("x-user-id", "  ")], None, None),
+            Err(KeyError::Missing { .. })
+        ));
+        assert!(key_of(user, "1.2.3.4", &[("x-user-id", "42")], None, None)
+            .unwrap()
+            .is_some());
+        let q = p.limit("q").unwrap();
+        assert_eq!(key_of(q, "1.2.3.4", &[], Some("other=1"), None), Ok(None));
+        assert!(key_of(q, "1.2.3.4", &[], Some("api_key=k1"), None)
+            .unwrap()
+            .is_some());
+    }
+
+    #[test]
+    fn cookies_composites_and_exemptions() {
+        let p = policy("[limits.c]\nkey = [\"client_network\", { cookie = \"session\" }]\nexempt = [\"10.0.0.0/8\"]\ncapacity = 1\nrate = \"1/s\"");
+        let c = p.limit("c").unwrap();
+        let key = key_of(c, "1.2.3.4", &[("cookie", "a=1; session=abc")], None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(key.len(), 2);
+        let other = key_of(c, "1.2.3.4", &[("cookie", "session=abd")], None, None)
+            .unwrap()
+            .unwrap();
+        assert_ne!(key, other);
+        assert_eq!(
+            key_of(c, "10.1.2.3", &[("cookie", "session=abc")], None, None),
+            Ok(None)
+        );
+        assert_eq!(key_of(c, "1.2.3.4", &[], None, None), Ok(None));
+    }
+
+    #[test]
+    fn the_digest_depends_on_the_secret() {
+        let one = KeyHasher::from_secret(b"one secret value").digest(b"alice");
+        let two = KeyHasher::from_secret(b"two secret value").digest(b"alice");
+        assert_ne!(one, two);
+    }
+}

@@ -1,0 +1,337 @@
+//! tollgate: a reverse-proxy gateway that enforces rate limits that actually hold.
+//!
+//! A request meets, in order: `server.rs` (listener, connection) → `gateway.rs` (the request
+//! path) → `path.rs`, `route.rs`, `client_ip.rs`, `key.rs` (pure decisions about the request)
+//! → `limit/` (buckets and their store) → `upstream.rs` (forwarding) → `respond.rs` (what the
+//! gateway answers itself). `config/` compiles the policy file; `metrics.rs` and `admin.rs`
+//! expose what happened.
+
+pub mod admin;
+pub mod client_ip;
+pub mod config;
+pub mod demo;
+pub mod gateway;
+pub mod key;
+pub mod limit;
+pub mod metrics;
+pub mod path;
+pub mod respond;
+pub mod route;
+pub mod server;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::HeaderValue;
+use http_body_util::combinators::BoxBody;
+use prometheus::{Histogram, IntCounter};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+use crate::client_ip::TrustWarning;
+use crate::config::{ConfigErrors, Policy};
+use crate::gateway::Gateway;
+use crate::key::KeyHasher;
+use crate::limit::{Clock, MemoryStore, Store};
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::upstream::UpstreamPool;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body of every response tollgate sends and every request it forwards.
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// Everything a request reads that a reload replaces at once: requests in flight keep the
+/// `Runtime` they started with.
+#[derive(Debug)]
+pub struct Runtime {
+    pub policy: Policy,
+    pub upstreams: Vec<UpstreamPool>,
+    /// Metric handles per route, in route order.
+    pub metrics: Vec<RouteMetrics>,
+}
+
+impl Runtime {
+    fn new(policy: Policy, metrics: &Metrics) -> Runtime {
+        Runtime {
+            upstreams: policy.upstreams.iter().map(UpstreamPool::new).collect(),
+            metrics: metrics.for_policy(&policy),
+            policy,
+        }
+    }
+}
+
+/// State that lives as long as the process, shared by every connection.
+pub(crate) struct Shared {
+    pub(crate) runtime: ArcSwap<Runtime>,
+    pub(crate) store: Store,
+    /// In-process buckets for routes with `on_store_failure = "local"`.
+    pub(crate) local: MemoryStore,
+    pub(crate) hasher: KeyHasher,
+    pub(crate) metrics: Metrics,
+    pub(crate) store_metrics: (Histogram, IntCounter),
+    warned: [AtomicBool; 3],
+    pub(crate) shutting_down: AtomicBool,
+    /// Connections and upgraded streams: shutdown waits for them.
+    pub(crate) tasks: TaskTracker,
+    request_id_prefix: u64,
+    request_counter: AtomicU64,
+}
+
+impl Shared {
+    /// Counts a trust warning, and logs it the first time its cause is seen.
+    pub(crate) fn trust_warning(&self, warning: TrustWarning) {
+        self.metrics.client_ip_warning(warning);
+        let index = TrustWarning::ALL
+            .iter()
+            .position(|w| *w == warning)
+            .unwrap_or_default();
+        if !self.warned[index].swap(true, Ordering::Relaxed) {
+            tracing::warn!(cause = warning.as_str(), "{}", warning.explanation());
+        }
+    }
+
+    /// The client's `X-Request-Id` if it is reasonable, else a new one.
+    pub(crate) fn request_id(&self, headers: &http::HeaderMap) -> HeaderValue {
+        if let Some(id) = headers.get(gateway::X_REQUEST_ID) {
+            if !id.is_empty() && id.len() <= 128 && id.to_str().is_ok() {
+                return id.clone();
+            }
+        }
+        let sequence = self.request_counter.fetch_add(1, Ordering::Relaxed);
+        HeaderValue::from_str(&format!("{:016x}{sequence:016x}", self.request_id_prefix))
+            .unwrap_or_else(|_| HeaderValue::from_static("-"))
+    }
+}
+
+/// How to start a gateway besides its policy.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The clock of the memory store; monotonic unless a test injects a manual one.
+    pub clock: Option<Clock>,
+    /// The policy file, for reloads on SIGHUP and when it changes.
+    pub config_path: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A running gateway: its listeners, its admin listener and its shared state.
+pub struct Tollgate {
+    /// The bound public addresses (ephemeral ports resolved).
+    pub addresses: Vec<SocketAddr>,
+    pub admin_address: SocketAddr,
+    shared: Arc<Shared>,
+    config_path: Option<PathBuf>,
+    shutdown: watch::Sender<bool>,
+    grace_period: Duration,
+}
+
+impl Tollgate {
+    /// Binds every listener and starts serving `policy`.
+    pub async fn start(policy: Policy, options: Options) -> Result<Tollgate, StartError> {
+        let clock = options.clock.unwrap_or_else(Clock::monotonic);
+        let hasher = match policy
+            .store
+            .hash_key
+            .clone()
+            .or_else(|| std::env::var("TOLLGATE_HASH_KEY").ok())
+        {
+            Some(secret) => KeyHasher::from_secret(secret.as_bytes()),
+            None => KeyHasher::random(),
+        };
+        let metrics = Metrics::new();
+        let store = Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone()));
+        let mut prefix = [0u8; 8];
+        let _ = getrandom::getrandom(&mut prefix);
+        let shared = Arc::new(Shared {
+            store_metrics: metrics.store_call(store.backend()),
+            store,
+            local: MemoryStore::new(policy.store.max_keys, clock),
+            hasher,
+            runtime: ArcSwap::from_pointee(Runtime::new(policy.clone(), &metrics)),
+            metrics,
+            warned: Default::default(),
+            shutting_down: AtomicBool::new(false),
+            tasks: TaskTracker::new(),
+            request_id_prefix: u64::from_le_bytes(prefix),
+            request_counter: AtomicU64::new(0),
+        });
+        for warning in &policy.warnings {
+            tracing::warn!("policy: {warning}");
+        }
+
+        let (shutdown, shutdown_signal) = watch::channel(false);
+        let mut addresses = Vec::with_capacity(policy.server.listen.len());
+        let gateway = Gateway {
+            shared: shared.clone(),
+        };
+        for address in &policy.server.listen {
+            let listener = bind(*address).await?;
+            let bound = listener.local_addr().map_err(|source| StartError::Listen {
+                address: *address,
+                source,
+            })?;
+            addresses.push(bound);
+            tracing::info!(address = %bound, "listening");
+            shared.tasks.spawn(server::serve(
+                listener,
+                gateway.clone(),
+                policy.server.clone(),
+                shutdown_signal.clone(),
+            ));
+        }
+        let admin_listener = bind(policy.admin.listen).await?;
+        let admin_address = admin_listener
+            .local_addr()
+            .map_err(|source| StartError::Listen {
+                address: policy.admin.listen,
+                source,
+            })?;
+        tracing::info!(address = %admin_address, "admin listening (/metrics, /healthz, /readyz)");
+        // The admin listener is not tracked: it keeps answering /readyz 503 while draining.
+        tokio::spawn(admin::serve(admin_listener, shared.clone()));
+
+        let sweeping = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                interval.tick().await;
+                let Some(shared) = sweeping.upgrade() else {
+                    break;
+                };
+                shared.store.sweep();
+                shared.local.sweep();
+            }
+        });
+
+        Ok(Tollgate {
+            addresses,
+            admin_address,
+            grace_period: policy.server.grace_period,
+            shared,
+            config_path: options.config_path,
+            shutdown,
+        })
+    }
+
+    /// Replaces the policy for new requests. Buckets of limits whose definition did not change
+    /// keep their state; redefined limits start fresh. Listener, admin and store settings
+    /// need a restart.
+    pub fn reload(&self, policy: Policy) {
+        let current = self.shared.runtime.load();
+        let old = &current.policy;
+        if old.server.listen != policy.server.listen || old.admin != policy.admin {
+            tracing::warn!("listen addresses changed: they take effect after a restart");
+        }
+        if old.store != policy.store {
+            tracing::warn!("[store] changed: it takes effect after a restart");
+        }
+        for warning in &policy.warnings {
+            tracing::warn!("policy: {warning}");
+        }
+        self.shared
+            .runtime
+            .store(Arc::new(Runtime::new(policy, &self.shared.metrics)));
+        self.shared.metrics.config_reload(true);
+        tracing::info!("configuration reloaded");
+    }
+
+    /// Re-reads the policy file; an invalid file changes nothing (logged and counted).
+    pub fn reload_from_file(&self) -> Result<(), ConfigErrors> {
+        let Some(path) = &self.config_path else {
+            return Ok(());
+        };
+        match Policy::load(path) {
+            Ok(policy) => {
+                self.reload(policy);
+                Ok(())
+            }
+            Err(errors) => {
+                self.shared.metrics.config_reload(false);
+                tracing::error!(
+                    "configuration reload refused, keeping the current policy:\n{errors}"
+                );
+                Err(errors)
+            }
+        }
+    }
+
+    /// Reloads whenever the policy file's content changes (polled; cheap).
+    pub fn watch_config_file(self: &Arc<Self>) {
+        let Some(path) = self.config_path.clone() else {
+            return;
+        };
+        let gateway = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut last = std::fs::read(&path).ok();
+            let mut interval = tokio::time::interval(Duration::from_secs(2));
+            loop {
+                interval.tick().await;
+                let Some(gateway) = gateway.upgrade() else {
+                    break;
+                };
+                let current = std::fs::read(&path).ok();
+                if current.is_some() && current != last {
+                    last = current;
+                    tracing::info!(path = %path.display(), "policy file changed");
+                    let _ = gateway.reload_from_file();
+                }
+            }
+        });
+    }
+
+    /// The current metrics in the Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        self.shared.metrics.render()
+    }
+
+    /// The memory store (for tests and diagnostics).
+    pub fn memory_store(&self) -> Option<&MemoryStore> {
+        match &self.shared.store {
+            Store::Memory(store) => Some(store),
+        }
+    }
+
+    /// Stops accepting, lets in-flight requests and upgraded connections finish for up to
+    /// `grace_period`, and returns whether everything finished in time.
+    pub async fn shutdown(&self) -> bool {
+        self.shared.shutting_down.store(true, Ordering::Relaxed);
+        let _ = self.shutdown.send(true);
+        self.shared.tasks.close();
+        let drained = tokio::time::timeout(self.grace_period, self.shared.tasks.wait())
+            .await
+            .is_ok();
+        if drained {
+            tracing::info!("all connections drained");
+        } else {
+            tracing::warn!(grace_period = ?self.grace_period, "grace period over; closing remaining connections");
+        }
+        drained
+    }
+}
+
+async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
+    let socket = match address {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .map_err(|source| StartError::Listen { address, source })?;
+    socket
+        .set_reuseaddr(true)
+        .and_then(|()| socket.bind(address))
+        .and_then(|()| socket.listen(1024))
+        .map_err(|source| StartError::Listen { address, source })
+}

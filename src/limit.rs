@@ -1,0 +1,123 @@
+//! Limits: the bucket math, the keys buckets are stored under, and the stores that hold them.
+//!
+//! The gateway asks its [`Store`] for one decision covering all of a request's buckets, so
+//! that a store shared by replicas can make it in one indivisible step.
+
+pub mod bucket;
+pub mod clock;
+pub mod memory;
+
+use std::fmt;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+
+pub use bucket::{BucketState, Charge, Verdict};
+pub use clock::{Clock, Timestamp};
+pub use memory::MemoryStore;
+
+/// One component of a bucket key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    /// The client's network (`client_network`), kept in clear: it is what operators look for.
+    Network(IpNet),
+    /// A keyed hash of a value taken from the request (header, query, cookie, body field).
+    Digest([u8; 16]),
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyPart::Network(IpNet::V4(net)) => write!(f, "v4:{net}"),
+            KeyPart::Network(IpNet::V6(net)) => write!(f, "v6:{net}"),
+            KeyPart::Digest(digest) => {
+                f.write_str("h:")?;
+                digest.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+            }
+        }
+    }
+}
+
+/// The identity of one bucket: which limit (and which definition of it), and whose.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BucketKey {
+    pub limit: Arc<str>,
+    /// Changes whenever the limit's definition changes, so a redefined limit starts fresh.
+    pub fingerprint: u64,
+    /// Empty for a `global` limit.
+    pub parts: Vec<KeyPart>,
+}
+
+impl fmt::Display for BucketKey {
+    /// `<limit>:<key>` — the store key without its prefix.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:", self.limit)?;
+        if self.parts.is_empty() {
+            return f.write_str("global");
+        }
+        for (index, part) in self.parts.iter().enumerate() {
+            if index > 0 {
+                f.write_str("|")?;
+            }
+            write!(f, "{part}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One bucket of a request, with what it is charged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketRequest {
+    pub key: BucketKey,
+    pub charge: Charge,
+}
+
+/// A store's answer for all of a request's buckets, in the order they were asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub admitted: bool,
+    pub verdicts: Vec<Verdict>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store call timed out")]
+    Timeout,
+}
+
+/// Where buckets live.
+#[derive(Debug)]
+pub enum Store {
+    Memory(MemoryStore),
+}
+
+impl Store {
+    /// Decides a request against all of its buckets at once: admitted only if every enforcing
+    /// bucket can pay, and then every bucket that can pay is charged.
+    pub async fn decide(&self, requests: &[BucketRequest]) -> Result<Decision, StoreError> {
+        match self {
+            Store::Memory(store) => Ok(store.decide(requests)),
+        }
+    }
+
+    /// The `backend` label of store metrics.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Store::Memory(_) => "memory",
+        }
+    }
+
+    /// Whether the store can take decisions now (`/readyz`).
+    pub async fn ready(&self) -> bool {
+        match self {
+            Store::Memory(_) => true,
+        }
+    }
+
+    /// Drops state that carries no information any more (full buckets).
+    pub fn sweep(&self) {
+        match self {
+            Store::Memory(store) => store.sweep(),
+        }
+    }
+}

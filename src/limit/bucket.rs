@@ -1,0 +1,275 @@
+//! Token-bucket math for all of one request's buckets: a pure function of
+//! (stored states, now, parameters, costs) → (verdicts, new states).
+//!
+//! Tokens are recomputed from elapsed time at decision time (`min(capacity, tokens +
+//! elapsed × rate)`), never by a timer. A request is admitted only if every enforcing bucket
+//! holds at least its cost; then every bucket that can pay is charged. If one refuses, none
+//! is charged. A shadow bucket never refuses: it is charged when it can pay and reports
+//! when it could not.
+
+use super::clock::Timestamp;
+
+/// What a bucket holds between decisions. A bucket with no state is full.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketState {
+    pub tokens: f64,
+    pub updated: Timestamp,
+}
+
+/// One bucket's part in a decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Charge {
+    pub capacity: f64,
+    /// Tokens per second; always > 0 (the configuration refuses anything else).
+    pub rate: f64,
+    pub cost: f64,
+    /// `false` for a limit in shadow mode.
+    pub enforce: bool,
+}
+
+/// One bucket's outcome.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Verdict {
+    /// The bucket held at least the cost (a shadow bucket that did not "would have refused").
+    pub sufficient: bool,
+    /// Tokens left after this decision (charged or not).
+    pub tokens: f64,
+    /// Seconds until the bucket holds the cost; 0 when it does now.
+    pub wait: f64,
+    /// Seconds until the bucket is full again.
+    pub full_in: f64,
+}
+
+/// The tokens a bucket holds at `now`.
+pub fn tokens_at(state: Option<BucketState>, charge: &Charge, now: Timestamp) -> f64 {
+    match state {
+        None => charge.capacity,
+        Some(state) => {
+            let elapsed = now.saturating_elapsed_since(state.updated).as_secs_f64();
+            (state.tokens + elapsed * charge.rate).min(charge.capacity)
+        }
+    }
+}
+
+/// Decides a request against all of its buckets and updates their states in place.
+/// `states[i]` belongs to `charges[i]`; verdicts are written to `verdicts` in the same order.
+/// Returns whether the request is admitted.
+pub fn decide(
+    charges: &[Charge],
+    states: &mut [Option<BucketState>],
+    now: Timestamp,
+    verdicts: &mut Vec<Verdict>,
+) -> bool {
+    debug_assert_eq!(charges.len(), states.len());
+    verdicts.clear();
+    let mut admitted = true;
+    for (charge, state) in charges.iter().zip(states.iter()) {
+        let tokens = tokens_at(*state, charge, now);
+        let sufficient = tokens >= charge.cost;
+        admitted &= sufficient || !charge.enforce;
+        let wait = if sufficient {
+            0.0
+        } else {
+            (charge.cost - tokens) / charge.rate
+        };
+        verdicts.push(Verdict {
+            sufficient,
+            tokens,
+            wait,
+            full_in: 0.0,
+        });
+    }
+    for ((charge, state), verdict) in charges
+        .iter()
+        .zip(states.iter_mut())
+        .zip(verdicts.iter_mut())
+    {
+        if admitted && verdict.sufficient {
+            verdict.tokens -= charge.cost;
+        }
+        verdict.full_in = ((charge.capacity - verdict.tokens) / charge.rate).max(0.0);
+        *state = Some(BucketState {
+            tokens: verdict.tokens,
+            updated: now,
+        });
+    }
+    admitted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SECOND: u64 = 1_000_000_000;
+
+    fn charge(capacity: f64, rate: f64, cost: f64) -> Charge {
+        Charge {
+            capacity,
+            rate,
+            cost,
+            enforce: true,
+        }
+    }
+
+    fn at(seconds: f64) -> Timestamp {
+        Timestamp((seconds * SECOND as f64) as u64)
+    }
+
+    fn run(
+        charges: &[Charge],
+        states: &mut [Option<BucketState>],
+        now: Timestamp,
+    ) -> (bool, Vec<Verdict>) {
+        let mut verdicts = Vec::new();
+        let admitted = decide(charges, states, now, &mut verdicts);
+        (admitted, verdicts)
+    }
+
+    #[test]
+    fn a_new_bucket_admits_its_burst_then_refuses() {
+        let charges = [charge(5.0, 1.0 / 30.0, 1.0)];
+        let mut states = [None];
+        for remaining in (0..5).rev() {
+            let (admitted, verdicts) = run(&charges, &mut states, at(0.0));
+            assert!(admitted);
+            assert_eq!(verdicts[0].tokens, remaining as f64);
+        }
+        let (admitted, verdicts) = run(&charges, &mut states, at(0.0));
+        assert!(!admitted);
+        assert!((verdicts[0].wait - 30.0).abs() < 1e-9);
+        assert!((verdicts[0].full_in - 150.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn refill_is_computed_from_elapsed_time_and_capped() {
+        let charges = [charge(10.0, 2.0, 1.0)];
+        let mut states = [Some(BucketState {
+            tokens: 0.0,
+            updated: at(0.0),
+        })];
+        let (admitted, verdicts) = run(&charges, &mut states, at(0.25));
+        assert!(!admitted, "0.5 tokens after 250ms is not enough");
+        assert!((verdicts[0].wait - 0.25).abs() < 1e-9);
+        let (admitted, verdicts) = run(&charges, &mut states, at(0.5));
+        assert!(admitted);
+        assert!(verdicts[0].tokens.abs() < 1e-9);
+        let (_, verdicts) = run(&charges, &mut states, at(1000.0));
+        assert_eq!(
+            verdicts[0].tokens, 9.0,
+            "capped at capacity before the charge"
+        );
+    }
+
+    #[test]
+    fn cost_is_charged_and_wait_covers_the_whole_cost() {
+        let charges = [charge(300.0, 5.0, 100.0)];
+        let mut states = [None];
+        for _ in 0..3 {
+            assert!(run(&charges, &mut states, at(0.0)).0);
+        }
+        let (admitted, verdicts) = run(&charges, &mut states, at(0.0));
+        assert!(!admitted);
+        assert_eq!(verdicts[0].wait, 20.0);
+    }
+
+    #[test]
+    fn all_or_nothing_across_buckets() {
+        let charges = [charge(10.0, 1.0, 1.0), charge(1.0, 1.0, 1.0)];
+        let mut states = [
+            None,
+            Some(BucketState {
+                tokens: 0.0,
+                updated: at(0.0),
+            }),
+        ];
+        let (admitted, verdicts) = run(&charges, &mut states, at(0.0));
+        assert!(!admitted);
+        assert!(verdicts[0].sufficient && !verdicts[1].sufficient);
+        assert_eq!(
+            states[0].unwrap().tokens,
+            10.0,
+            "the bucket that could pay was not charged"
+        );
+        let (admitted, _) = run(&charges, &mut states, at(1.0));
+        assert!(admitted);
+        assert_eq!(states[0].unwrap().tokens, 9.0);
+        assert_eq!(states[1].unwrap().tokens, 0.0);
+    }
+
+    #[test]
+    fn shadow_buckets_never_refuse_and_are_charged_only_when_they_can_pay() {
+        let shadow = Charge {
+            enforce: false,
+            ..charge(1.0, 1.0, 1.0)
+        };
+        let charges = [charge(10.0, 1.0, 1.0), shadow];
+        let mut states = [None, None];
+        let (admitted, verdicts) = run(&charges, &mut states, at(0.0));
+        assert!(admitted && verdicts[1].sufficient);
+        let (admitted, verdicts) = run(&charges, &mut states, at(0.0));
+        assert!(admitted, "a shadow limit never refuses");
+        assert!(!verdicts[1].sufficient, "but it reports that it would have");
+        assert_eq!(verdicts[1].tokens, 0.0);
+        assert_eq!(states[0].unwrap().tokens, 8.0);
+    }
+
+    #[test]
+    fn a_clock_that_goes_backwards_adds_nothing() {
+        let charges = [charge(2.0, 1.0, 1.0)];
+        let mut states = [Some(BucketState {
+            tokens: 0.5,
+            updated: at(10.0),
+        })];
+        let (admitted, _) = run(&charges, &mut states, at(5.0));
+        assert!(!admitted);
+    }
+
+    proptest! {
+        /// Over any schedule, admitted cost never exceeds capacity + rate × elapsed.
+        #[test]
+        fn never_admits_more_than_capacity_plus_refill(
+            capacity in 1u32..50,
+            rate in 0.01f64..20.0,
+            cost in 1u32..5,
+            steps in proptest::collection::vec(0u64..2_000_000_000, 1..200),
+        ) {
+            let cost = cost.min(capacity) as f64;
+            let charges = [charge(capacity as f64, rate, cost)];
+            let mut states = [None];
+            let mut now = 0u64;
+            let mut admitted_cost = 0.0;
+            for step in steps {
+                now += step;
+                if run(&charges, &mut states, Timestamp(now)).0 {
+                    admitted_cost += cost;
+                }
+                let bound = capacity as f64 + rate * now as f64 / SECOND as f64;
+                prop_assert!(admitted_cost <= bound + 1e-6, "{admitted_cost} > {bound}");
+            }
+        }
+
+        /// The announced wait is exact: refused just before it, admitted at it.
+        #[test]
+        fn announced_wait_is_exact(
+            capacity in 1u32..50,
+            rate in 0.01f64..20.0,
+            cost in 1u32..50,
+            spent in 0u32..50,
+        ) {
+            let cost = cost.min(capacity) as f64;
+            let charges = [charge(capacity as f64, rate, cost)];
+            let tokens = (capacity as f64 - spent as f64).max(0.0);
+            let start = BucketState { tokens, updated: Timestamp(0) };
+            let mut states = [Some(start)];
+            let (admitted, verdicts) = run(&charges, &mut states, Timestamp(0));
+            prop_assume!(!admitted);
+            let wait = verdicts[0].wait;
+            let mut before = [Some(start)];
+            let early = Timestamp(0).after(wait * 0.999 - 1e-6);
+            prop_assert!(!run(&charges, &mut before, early).0);
+            let mut at_wait = [Some(start)];
+            prop_assert!(run(&charges, &mut at_wait, Timestamp(0).after(wait)).0);
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! The time source of every decision: monotonic in production, advanced by hand in tests.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Nanoseconds since the clock's origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    pub fn saturating_elapsed_since(self, earlier: Timestamp) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+
+    pub fn after(self, seconds: f64) -> Timestamp {
+        let nanos = (seconds.max(0.0) * 1e9).ceil();
+        Timestamp(self.0.saturating_add(if nanos >= u64::MAX as f64 {
+            u64::MAX
+        } else {
+            nanos as u64
+        }))
+    }
+}
+
+/// Where decisions read the time.
+#[derive(Debug, Clone)]
+pub enum Clock {
+    Monotonic(Instant),
+    Manual(Arc<AtomicU64>),
+}
+
+impl Clock {
+    pub fn monotonic() -> Clock {
+        Clock::Monotonic(Instant::now())
+    }
+
+    /// A clock that only moves when [`Clock::advance`] is called.
+    pub fn manual() -> Clock {
+        Clock::Manual(Arc::new(AtomicU64::new(0)))
+    }
+
+    pub fn now(&self) -> Timestamp {
+        match self {
+            Clock::Monotonic(origin) => {
+                Timestamp(u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+            }
+            Clock::Manual(nanos) => Timestamp(nanos.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Moves a manual clock forward; a monotonic clock ignores it.
+    pub fn advance(&self, by: Duration) {
+        if let Clock::Manual(nanos) = self {
+            let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+            nanos.fetch_add(by, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The in-process store: sharded maps of bucket states, bounded by `max_keys`.
+//!
+//! A bucket that has refilled to full carries no information (a missing bucket is full), so
+//! sweeps drop it and memory follows the active keys, not history. When a shard reaches its
+//! bound, full buckets go first; if that is not enough, the fullest ones (those that would be
+//! full soonest) are dropped, which hands their clients a fresh bucket: that is counted and
+//! logged, and means `max_keys` is too small.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use super::bucket::{self, BucketState};
+use super::clock::{Clock, Timestamp};
+use super::{BucketKey, BucketRequest, Decision};
+
+/// Buckets per shard before one is considered for its own lock.
+const KEYS_PER_SHARD_TARGET: usize = 4096;
+const MAX_SHARDS: usize = 64;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    state: BucketState,
+    /// When the bucket will be full again: from then on it can be dropped.
+    full_at: Timestamp,
+}
+
+/// Bucket ids are already uniformly distributed hashes; hashing them again is waste.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id;
+    }
+}
+
+type Shard = HashMap<u64, Entry, BuildHasherDefault<IdHasher>>;
+
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    keys_per_shard: usize,
+    clock: Clock,
+    /// Seeded per process: bucket ids cannot be predicted, so collisions cannot be aimed.
+    hasher: std::collections::hash_map::RandomState,
+    evicted_before_full: AtomicU64,
+}
+
+impl MemoryStore {
+    pub fn new(max_keys: usize, clock: Clock) -> MemoryStore {
+        let max_keys = max_keys.max(1);
+        let shard_count = (max_keys / KEYS_PER_SHARD_TARGET)
+            .clamp(1, MAX_SHARDS)
+            .next_power_of_two()
+            .min(MAX_SHARDS);
+        let keys_per_shard = max_keys.div_ceil(shard_count);
+        MemoryStore {
+            shards: (0..shard_count)
+                .map(|_| Mutex::new(Shard::default()))
+                .collect(),
+            keys_per_shard,
+            clock,
+            hasher: std::collections::hash_map::RandomState::new(),
+            evicted_before_full: AtomicU64::new(0),
+        }
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Buckets currently held.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|shard| shard.lock().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Buckets dropped before they were full because the store was at `max_keys`.
+    pub fn evicted_before_full(&self) -> u64 {
+        self.evicted_before_full.load(Ordering::Relaxed)
+    }
+
+    fn id(&self, key: &BucketKey) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        key.fingerprint.hash(&mut hasher);
+        key.limit.hash(&mut hasher);
+        key.parts.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    fn shard_of(&self, id: u64) -> usize {
+        // The top bits pick the shard; the map uses all of them.
+        ((id >> 40) as usize) & (self.shards.len() - 1)
+    }
+
+    /// Decides under the locks of every shard involved, taken in index order so that two
+    /// requests can never wait on each other.
+    pub fn decide(&self, requests: &[BucketRequest]) -> Decision {
+        let now = self.clock.now();
+        let ids: Vec<u64> = requests
+            .iter()
+            .map(|request| self.id(&request.key))
+            .collect();
+        let mut shard_indexes: Vec<usize> = ids.iter().map(|id| self.shard_of(*id)).collect();
+        shard_indexes.sort_unstable();
+        shard_indexes.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = shard_indexes
+            .iter()
+            .map(|index| (*index, self.shards[*index].lock()))
+            .collect();
+        let shard_for = |id: u64| -> usize {
+            let index = self.shard_of(id);
+            guards
+                .iter()
+                .position(|(held, _)| *held == index)
+                .unwrap_or_default()
+        };
+        let positions: Vec<usize> = ids.iter().map(|id| shard_for(*id)).collect();
+
+        let mut states: Vec<Option<BucketState>> = ids
+            .iter()
+            .zip(&positions)
+            .map(|(id, position)| guards[*position].1.get(id).map(|entry| entry.state))
+            .collect();
+        let charges: Vec<bucket::Charge> = requests.iter().map(|request| request.charge).collect();
+        let mut verdicts = Vec::with_capacity(requests.len());
+        let admitted = bucket::decide(&charges, &mut states, now, &mut verdicts);
+
+        for ((id, position), (state, verdict)) in
+            ids.iter().zip(&positions).zip(states.iter().zip(&verdicts))
+        {
+            let shard = &mut guards[*position].1;
+            let Some(state) = state else { continue };
+            if verdict.full_in <= 0.0 {
+                shard.remove(id);
+                continue;
+            }
+            let entry = Entry {
+                state: *state,
+                full_at: now.after(verdict.full_in),
+            };
+            if shard.len() >= self.keys_per_shard && !shard.contains_key(id) {
+                self.make_room(shard, now);
+            }
+            shard.insert(*id, entry);
+        }
+        Decision { admitted, verdicts }
+    }
+
+    /// Frees at least an eighth of a full shard: full buckets first, then the fullest.
+    fn make_room(&self, shard: &mut Shard, now: Timestamp) {
+        shard.retain(|_, entry| entry.full_at > now);
+        let target = self.keys_per_shard - (self.keys_per_shard / 8).max(1);
+        if shard.len() <= target {
+            return;
+        }
+        let excess = shard.len() - target;
+        let mut full_at: Vec<Timestamp> = shard.values().map(|entry| entry.full_at).collect();
+        let (_, threshold, _) = full_at.select_nth_unstable(excess - 1);
+        let threshold = *threshold;
+        let before = shard.len();
+        let mut to_drop = excess;
+        shard.retain(|_, entry| {
+            if to_drop > 0 && entry.full_at <= threshold {
+                to_drop -= 1;
+                false
+            } else {
+                true
+            }
+        });
+        let dropped = (before - shard.len()) as u64;
+        self.evicted_before_full
+            .fetch_add(dropped, Ordering::Relaxed);
+        static WARNED: Once = Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "memory store reached max_keys: dropping buckets that are not yet full, whose clients get a fresh bucket; raise [store] max_keys"
+            );
+        });
+    }
+
+    /// Drops every bucket that is full again; gives memory back when a shard has shrunk.
+    pub fn sweep(&self) {
+        let now = self.clock.now();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            shard.retain(|_, entry| entry.full_at > now);
+            if shard.capacity() > 64 && shard.len() < shard.capacity() / 4 {
+                shard.shrink_to_fit();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::limit::{Charge, KeyPart};
+
+    fn request(limit: &str, who: u8, capacity: f64, rate: f64, cost: f64) -> BucketRequest {
+        BucketRequest {
+            key: BucketKey {
+                limit: Arc::from(limit),
+                fingerprint: 7,
+                parts: vec![KeyPart::Digest([who; 16])],
+            },
+            charge: Charge {
+                capacity,
+                rate,
+                cost,
+                enforce: true,
+            },
+        }
+    }
+
+    #[test]
+    fn buckets_are_per_key_and_per_limit() {
+        let store = MemoryStore::new(1000, Clock::manual());
+        let alice = [request("login", 1, 2.0, 1.0, 1.0)];
+        let bob = [request("login", 2, 2.0, 1.0, 1.0)];
+        let alice_elsewhere = [request("export", 1, 2.0, 1.0, 1.0)];
+        assert!(store.decide(&alice).admitted);
+        assert!(store.decide(&alice).admitted);
+        assert!(!store.decide(&alice).admitted);
+        assert!(store.decide(&bob).admitted);
+        assert!(store.decide(&alice_elsewhere).admitted);
+    }
+
+    #[test]
+    fn a_changed_definition_starts_fresh() {
+        let store = MemoryStore::new(1000, Clock::manual());
+        let old = [request("login", 1, 1.0, 1.0, 1.0)];
+        let mut new = old.clone();
+        new[0].key.fingerprint = 8;
+        assert!(store.decide(&old).admitted);
+        assert!(!store.decide(&old).admitted);
+        assert!(store.decide(&new).admitted);
+    }
+
+    #[test]
+    fn refused_requests_charge_nothing_across_shards() {
+        let store = MemoryStore::new(1_000_000, Clock::manual());
+        let requests: Vec<BucketRequest> = (0..40)
+            .map(|who| request("l", who, 1.0, 1.0, 1.0))
+            .collect();
+        let mut last = requests.clone();
+        last.push(request("tiny", 0, 1.0, 1.0, 1.0));
+        assert!(store.decide(&last[40..]).admitted);
+        assert!(!store.decide(&last).admitted, "the tiny bucket is empty");
+        assert!(
+            store.decide(&requests).admitted,
+            "nothing was charged by the refusal"
+        );
+    }
+
+    #[test]
+    fn full_buckets_are_swept_and_memory_follows_active_keys() {
+        let clock = Clock::manual();
+        let store = MemoryStore::new(1_000_000, clock.clone());
+        for who in 0..=255u8 {
+            assert!(
+                store
+                    .decide(&[request("net", who, 10.0, 1.0, 1.0)])
+                    .admitted
+            );
+        }
+        assert_eq!(store.len(), 256);
+        clock.advance(Duration::from_millis(999));
+        store.sweep();
+        assert_eq!(store.len(), 256, "not full yet");
+        clock.advance(Duration::from_millis(1));
+        store.sweep();
+        assert_eq!(store.len(), 0);
+    }
+
+    #[test]
+    fn a_refused_new_key_does_not_take_a_slot() {
+        let store = MemoryStore::new(1000, Clock::manual());
+        let mut requests = vec![request("a", 1, 1.0, 1.0, 1.0)];
+        assert!(store.decide(&requests).admitted);
+        requests.push(request("b", 2, 5.0, 1.0, 1.0));
+        assert!(!store.decide(&requests).admitted);
+        assert_eq!(store.len(), 1, "b's bucket is full and needs no state");
+    }
+
+    #[test]
+    fn bounded_by_max_keys_dropping_the_fullest_first() {
+        let clock = Clock::manual();
+        let store = MemoryStore::new(16, clock.clone());
+        // An old, heavily used key: far from full.
+        let heavy = [request("net", 0, 100.0, 0.001, 100.0)];
+        assert!(store.decide(&heavy).admitted);
+        for who in 1..=200u8 {
+            clock.advance(Duration::from_millis(1));
+            store.decide(&[request("net", who, 10.0, 1.0, 1.0)]);
+            assert!(store.len() <= 16);
+        }
+        assert!(store.evicted_before_full() > 0);
+        assert!(
+            !store.decide(&heavy).admitted,
+            "the emptiest bucket survived the pressure"
+        );
+    }
+}

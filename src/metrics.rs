@@ -1,0 +1,351 @@
+//! Prometheus metrics. Labels are bounded by configuration (route and limit names, outcomes,
+//! status classes), never by client keys: no addresses, emails or paths in labels.
+//!
+//! Request-path handles are resolved once per policy ([`RouteMetrics`]), so a request
+//! increments counters without looking labels up.
+
+use prometheus::{
+    Counter, CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+use crate::client_ip::TrustWarning;
+use crate::config::Policy;
+
+/// How a request ended, as counted in `tollgate_requests_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed,
+    Limited,
+    ShadowLimited,
+    BadRequest,
+    StoreUnavailable,
+    DegradedAllowed,
+    NoRoute,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 7] = [
+        Outcome::Allowed,
+        Outcome::Limited,
+        Outcome::ShadowLimited,
+        Outcome::BadRequest,
+        Outcome::StoreUnavailable,
+        Outcome::DegradedAllowed,
+        Outcome::NoRoute,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Limited => "limited",
+            Outcome::ShadowLimited => "shadow_limited",
+            Outcome::BadRequest => "bad_request",
+            Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::DegradedAllowed => "degraded_allowed",
+            Outcome::NoRoute => "no_route",
+        }
+    }
+}
+
+/// The `status` label of `tollgate_upstream_responses_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusClass {
+    Informational,
+    Success,
+    Redirection,
+    ClientError,
+    ServerError,
+    /// No usable response: the gateway answered 502 or 504.
+    Error,
+}
+
+impl StatusClass {
+    const ALL: [StatusClass; 6] = [
+        StatusClass::Informational,
+        StatusClass::Success,
+        StatusClass::Redirection,
+        StatusClass::ClientError,
+        StatusClass::ServerError,
+        StatusClass::Error,
+    ];
+
+    pub fn of(status: http::StatusCode) -> StatusClass {
+        match status.as_u16() {
+            100..=199 => StatusClass::Informational,
+            200..=299 => StatusClass::Success,
+            300..=399 => StatusClass::Redirection,
+            400..=499 => StatusClass::ClientError,
+            _ => StatusClass::ServerError,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            StatusClass::Informational => "1xx",
+            StatusClass::Success => "2xx",
+            StatusClass::Redirection => "3xx",
+            StatusClass::ClientError => "4xx",
+            StatusClass::ServerError => "5xx",
+            StatusClass::Error => "error",
+        }
+    }
+}
+
+/// Route label for requests that matched no route.
+pub const NO_ROUTE: &str = "none";
+
+/// Every metric of one gateway, in a registry of its own.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    limited: IntCounterVec,
+    tokens_consumed: CounterVec,
+    fill_ratio: HistogramVec,
+    store_duration: HistogramVec,
+    store_errors: IntCounterVec,
+    degraded: IntCounterVec,
+    upstream_duration: HistogramVec,
+    upstream_responses: IntCounterVec,
+    pub inflight: IntGauge,
+    config_reloads: IntCounterVec,
+    client_ip_warnings: IntCounterVec,
+}
+
+/// Latency buckets from 100 µs to 10 s.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+const FILL_BUCKETS: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(metric.clone()))
+                .expect("unique metric");
+            metric
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
+            let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+            let metric = HistogramVec::new(opts, labels).expect("valid metric");
+            registry
+                .register(Box::new(metric.clone()))
+                .expect("unique metric");
+            metric
+        };
+        let requests = counter(
+            "tollgate_requests_total",
+            "Requests by route and outcome.",
+            &["route", "outcome"],
+        );
+        let limited = counter(
+            "tollgate_limited_total",
+            "Refusals by route and by the limit that refused.",
+            &["route", "limit"],
+        );
+        let tokens_consumed = CounterVec::new(
+            Opts::new(
+                "tollgate_tokens_consumed_total",
+                "Tokens charged, by route and limit.",
+            ),
+            &["route", "limit"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(tokens_consumed.clone()))
+            .expect("unique metric");
+        let fill_ratio = histogram(
+            "tollgate_bucket_fill_ratio",
+            "Tokens left / capacity after each decision, per limit.",
+            &["limit"],
+            &FILL_BUCKETS,
+        );
+        let store_duration = histogram(
+            "tollgate_store_duration_seconds",
+            "Store call latency.",
+            &["backend"],
+            &LATENCY_BUCKETS,
+        );
+        let store_errors = counter(
+            "tollgate_store_errors_total",
+            "Failed or timed-out store calls.",
+            &["backend"],
+        );
+        let degraded = counter(
+            "tollgate_degraded_decisions_total",
+            "Decisions taken without the store, by failure policy.",
+            &["route", "policy"],
+        );
+        let upstream_duration = histogram(
+            "tollgate_upstream_duration_seconds",
+            "Time to the upstream response head.",
+            &["route"],
+            &LATENCY_BUCKETS,
+        );
+        let upstream_responses = counter(
+            "tollgate_upstream_responses_total",
+            "Upstream responses by status class (error: 502/504 from the gateway).",
+            &["route", "status"],
+        );
+        let inflight = IntGauge::new("tollgate_inflight_requests", "Requests being served.")
+            .expect("valid metric");
+        registry
+            .register(Box::new(inflight.clone()))
+            .expect("unique metric");
+        let config_reloads = counter(
+            "tollgate_config_reloads_total",
+            "Configuration reloads by result.",
+            &["result"],
+        );
+        let client_ip_warnings = counter(
+            "tollgate_client_ip_warnings_total",
+            "Requests whose forwarding headers suggest a trust misconfiguration, by cause.",
+            &["cause"],
+        );
+        for result in ["ok", "error"] {
+            config_reloads.with_label_values(&[result]);
+        }
+        for warning in TrustWarning::ALL {
+            client_ip_warnings.with_label_values(&[warning.as_str()]);
+        }
+        Metrics {
+            registry,
+            requests,
+            limited,
+            tokens_consumed,
+            fill_ratio,
+            store_duration,
+            store_errors,
+            degraded,
+            upstream_duration,
+            upstream_responses,
+            inflight,
+            config_reloads,
+            client_ip_warnings,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        let encoder = TextEncoder::new();
+        if let Err(error) = encoder.encode(&self.registry.gather(), &mut buffer) {
+            tracing::warn!(%error, "cannot encode metrics");
+        }
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+
+    pub fn store_call(&self, backend: &str) -> (Histogram, IntCounter) {
+        (
+            self.store_duration.with_label_values(&[backend]),
+            self.store_errors.with_label_values(&[backend]),
+        )
+    }
+
+    pub fn config_reload(&self, ok: bool) {
+        self.config_reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    pub fn client_ip_warning(&self, warning: TrustWarning) {
+        self.client_ip_warnings
+            .with_label_values(&[warning.as_str()])
+            .inc();
+    }
+
+    pub fn bad_request_without_route(&self) {
+        self.requests
+            .with_label_values(&[NO_ROUTE, Outcome::BadRequest.as_str()])
+            .inc();
+    }
+
+    pub fn no_route(&self) {
+        self.requests
+            .with_label_values(&[NO_ROUTE, Outcome::NoRoute.as_str()])
+            .inc();
+    }
+
+    /// Resolves every handle the request path of `policy` needs.
+    pub fn for_policy(&self, policy: &Policy) -> Vec<RouteMetrics> {
+        policy
+            .routes
+            .iter()
+            .map(|route| {
+                let name = &*route.name;
+                RouteMetrics {
+                    outcomes: Outcome::ALL
+                        .map(|outcome| self.requests.with_label_values(&[name, outcome.as_str()])),
+                    statuses: StatusClass::ALL.map(|class| {
+                        self.upstream_responses
+                            .with_label_values(&[name, class.as_str()])
+                    }),
+                    upstream_duration: self.upstream_duration.with_label_values(&[name]),
+                    degraded: self
+                        .degraded
+                        .with_label_values(&[name, route.on_store_failure.as_str()]),
+                    limits: route
+                        .limits
+                        .iter()
+                        .map(|entry| {
+                            let limit = &*policy.limits[entry.limit].name;
+                            LimitMetrics {
+                                limited: self.limited.with_label_values(&[name, limit]),
+                                tokens_consumed: self
+                                    .tokens_consumed
+                                    .with_label_values(&[name, limit]),
+                                fill_ratio: self.fill_ratio.with_label_values(&[limit]),
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+/// The metric handles of one route, in the order of the route's limits.
+#[derive(Debug, Clone)]
+pub struct RouteMetrics {
+    outcomes: [IntCounter; 7],
+    statuses: [IntCounter; 6],
+    pub upstream_duration: Histogram,
+    pub degraded: IntCounter,
+    pub limits: Vec<LimitMetrics>,
+}
+
+impl RouteMetrics {
+    pub fn outcome(&self, outcome: Outcome) -> &IntCounter {
+        let index = Outcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or_default();
+        &self.outcomes[index]
+    }
+
+    pub fn upstream_status(&self, class: StatusClass) -> &IntCounter {
+        let index = StatusClass::ALL
+            .iter()
+            .position(|c| *c == class)
+            .unwrap_or_default();
+        &self.statuses[index]
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LimitMetrics {
+    pub limited: IntCounter,
+    pub tokens_consumed: Counter,
+    pub fill_ratio: Histogram,
+}

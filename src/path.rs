@@ -1,0 +1,154 @@
+//! Path normalization: the one form of a path that routes are matched on and that is forwarded.
+//!
+//! Every variant that an ordinary upstream would route to `/login` must normalize to `/login`
+//! (or `/login/`), or it could escape that route's limits: percent-encoded unreserved characters
+//! are decoded (`/%6Cogin`), other percent-encodings are upper-cased, repeated slashes merged
+//! (`//login`) and dot-segments resolved (`/./login`, `/a/../login`, `/%2e%2e/login`).
+
+/// Returns the normalized form of `path` (the path component only, without the query).
+///
+/// Cost: one pass to decode, one pass over the segments; one allocation for the result.
+pub fn normalize(path: &str) -> String {
+    let decoded = decode_unreserved(path);
+    let mut segments: Vec<&str> = Vec::new();
+    let mut trailing_slash = false;
+    for segment in decoded.split('/') {
+        trailing_slash = false;
+        match segment {
+            "" | "." => trailing_slash = true,
+            ".." => {
+                segments.pop();
+                trailing_slash = true;
+            }
+            _ => segments.push(segment),
+        }
+    }
+    let mut normalized = String::with_capacity(decoded.len() + 1);
+    for segment in &segments {
+        normalized.push('/');
+        normalized.push_str(segment);
+    }
+    if trailing_slash || segments.is_empty() {
+        normalized.push('/');
+    }
+    normalized
+}
+
+/// Decodes `%XX` where XX encodes an unreserved character (RFC 3986 §2.3: ALPHA, DIGIT,
+/// `-`, `.`, `_`, `~`); upper-cases the hex digits of every other valid encoding and leaves
+/// invalid `%` sequences as they are.
+fn decode_unreserved(path: &str) -> std::borrow::Cow<'_, str> {
+    if !path.contains('%') {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(high), Some(low)) = (hex_value(bytes[i + 1]), hex_value(bytes[i + 2])) {
+                let byte = high << 4 | low;
+                if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+                    out.push(byte as char);
+                } else {
+                    out.push('%');
+                    out.push(bytes[i + 1].to_ascii_uppercase() as char);
+                    out.push(bytes[i + 2].to_ascii_uppercase() as char);
+                }
+                i += 3;
+                continue;
+            }
+        }
+        // `i` is always on a char boundary: escapes are ASCII and chars are copied whole.
+        let ch_len = utf8_len(bytes[i]);
+        out.push_str(&path[i..i + ch_len]);
+        i += ch_len;
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+fn utf8_len(first: u8) -> usize {
+    match first {
+        0x00..=0x7f => 1,
+        0xc0..=0xdf => 2,
+        0xe0..=0xef => 3,
+        _ => 4,
+    }
+}
+
+fn hex_value(byte: u8) -> Option<u8> {
+    match byte {
+        b'0'..=b'9' => Some(byte - b'0'),
+        b'a'..=b'f' => Some(byte - b'a' + 10),
+        b'A'..=b'F' => Some(byte - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+    use proptest::prelude::*;
+
+    #[test]
+    fn variants_of_login_all_normalize_to_login() {
+        for variant in [
+            "/login",
+            "//login",
+            "///login",
+            "/./login",
+            "/a/../login",
+            "/a/b/../../login",
+            "/../login",
+            "/%6Cogin",
+            "/%6cogin",
+            "/%6C%6F%67%69%6E",
+            "/%2e/login",
+            "/%2E%2E/login",
+            "/x/%2e%2e/login",
+        ] {
+            assert_eq!(normalize(variant), "/login", "{variant}");
+        }
+        for variant in ["/login/", "/login//", "/login/.", "/login/./", "//login/"] {
+            assert_eq!(normalize(variant), "/login/", "{variant}");
+        }
+    }
+
+    #[test]
+    fn reserved_encodings_stay_encoded_in_upper_case() {
+        assert_eq!(normalize("/a%2fb"), "/a%2Fb");
+        assert_eq!(normalize("/a%3Fb"), "/a%3Fb");
+        assert_eq!(normalize("/caf%c3%a9"), "/caf%C3%A9");
+    }
+
+    #[test]
+    fn invalid_percent_sequences_are_left_alone() {
+        assert_eq!(normalize("/a%zz"), "/a%zz");
+        assert_eq!(normalize("/a%4"), "/a%4");
+        assert_eq!(normalize("/a%"), "/a%");
+    }
+
+    #[test]
+    fn root_and_empty() {
+        assert_eq!(normalize("/"), "/");
+        assert_eq!(normalize(""), "/");
+        assert_eq!(normalize("/.."), "/");
+        assert_eq!(normalize("/a/.."), "/");
+    }
+
+    #[test]
+    fn non_ascii_passes_through() {
+        assert_eq!(normalize("/ünïcode//x"), "/ünïcode/x");
+    }
+
+    proptest! {
+        #[test]
+        fn normalization_is_idempotent(path in "(/|[a-z]|\\.|%2[eE]|%6[cC]|%2[fF]){0,24}") {
+            let once = normalize(&path);
+            prop_assert_eq!(normalize(&once), once.clone());
+            prop_assert!(once.starts_with('/'));
+            prop_assert!(!once.contains("//"));
+            prop_assert!(!once.split('/').any(|s| s == "." || s == ".."));
+        }
+    }
+}

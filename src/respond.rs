@@ -1,0 +1,412 @@
+//! Every response the gateway writes itself: refusals (429), errors (400, 404, 405, 413, 431,
+//! 502, 503, 504), and the rate-limit headers on admitted responses. Bodies are short JSON,
+//! never a stack trace.
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+use crate::config::HeaderMode;
+use crate::Body;
+
+/// A request the gateway answers itself before it reaches a decision or the upstream.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("body larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    #[error("request head too large")]
+    HeaderFieldsTooLarge,
+}
+
+impl Refusal {
+    pub fn render(&self) -> Response<Body> {
+        match self {
+            Refusal::BadRequest(detail) => bad_request(detail),
+            Refusal::MethodNotAllowed => method_not_allowed(),
+            Refusal::PayloadTooLarge(limit) => payload_too_large(*limit),
+            Refusal::HeaderFieldsTooLarge => header_fields_too_large(),
+        }
+    }
+}
+
+/// What a client is told about one applicable, enforcing limit after a decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitReport<'a> {
+    pub name: &'a str,
+    pub capacity: f64,
+    /// Tokens per second.
+    pub rate: f64,
+    pub cost: f64,
+    /// Tokens left after this decision.
+    pub tokens: f64,
+    /// Seconds until the bucket is full.
+    pub full_in: f64,
+    /// Seconds until this request's cost would be available; 0 when it was.
+    pub wait: f64,
+    pub refused: bool,
+}
+
+impl LimitReport<'_> {
+    fn remaining(&self) -> u64 {
+        whole(self.tokens.max(0.0).floor())
+    }
+
+    /// How many more requests of this cost the limit admits now.
+    fn requests_left(&self) -> f64 {
+        (self.tokens / self.cost).floor()
+    }
+}
+
+fn whole(value: f64) -> u64 {
+    if value.is_finite() && value > 0.0 {
+        value.min(u64::MAX as f64) as u64
+    } else {
+        0
+    }
+}
+
+/// Whole seconds, rounded up, at least 1: what `Retry-After` announces.
+pub fn retry_after_seconds(wait: f64) -> u64 {
+    whole(wait.ceil()).max(1)
+}
+
+pub fn full(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Body> {
+    let mut response = Response::new(
+        Full::new(body.into())
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// `{"error":"<code>"}` or `{"error":"<code>","detail":"..."}`.
+pub fn error(status: StatusCode, code: &str, detail: Option<&str>) -> Response<Body> {
+    let body = match detail {
+        Some(detail) => serde_json::json!({ "error": code, "detail": detail }),
+        None => serde_json::json!({ "error": code }),
+    };
+    full(status, "application/json", body.to_string())
+}
+
+pub fn bad_request(detail: &str) -> Response<Body> {
+    error(StatusCode::BAD_REQUEST, "bad_request", Some(detail))
+}
+
+pub fn not_found() -> Response<Body> {
+    error(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        Some("no route matches this request"),
+    )
+}
+
+pub fn method_not_allowed() -> Response<Body> {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        Some("CONNECT is not proxied"),
+    )
+}
+
+pub fn payload_too_large(limit: usize) -> Response<Body> {
+    let detail = format!("this route reads the body to key its limits; at most {limit} bytes");
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        Some(&detail),
+    )
+}
+
+pub fn header_fields_too_large() -> Response<Body> {
+    error(
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        "request_header_fields_too_large",
+        None,
+    )
+}
+
+pub fn bad_gateway() -> Response<Body> {
+    error(
+        StatusCode::BAD_GATEWAY,
+        "bad_gateway",
+        Some("the upstream could not be reached"),
+    )
+}
+
+pub fn gateway_timeout() -> Response<Body> {
+    error(
+        StatusCode::GATEWAY_TIMEOUT,
+        "gateway_timeout",
+        Some("the upstream did not answer in time"),
+    )
+}
+
+pub fn store_unavailable(retry_after: u64) -> Response<Body> {
+    let mut response = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        Some("rate-limit state is unavailable; try again later"),
+    );
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    response
+}
+
+pub fn shutting_down() -> Response<Body> {
+    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", None);
+    response
+        .headers_mut()
+        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// The 429: JSON body (problem+json in the IETF modes), `Retry-After`, rate-limit headers.
+pub fn too_many_requests(mode: HeaderMode, reports: &[LimitReport<'_>]) -> Response<Body> {
+    let wait = reports
+        .iter()
+        .filter(|report| report.refused)
+        .map(|report| report.wait)
+        .fold(0.0, f64::max);
+    let retry_after = retry_after_seconds(wait);
+    let mut response = match mode {
+        HeaderMode::Legacy | HeaderMode::None => full(
+            StatusCode::TOO_MANY_REQUESTS,
+            "application/json",
+            serde_json::json!({ "error": "too_many_requests", "retry_after": retry_after })
+                .to_string(),
+        ),
+        HeaderMode::Ietf | HeaderMode::Both => {
+            let violated: Vec<&str> = reports
+                .iter()
+                .filter(|r| r.refused)
+                .map(|r| r.name)
+                .collect();
+            let body = serde_json::json!({
+                "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+                "title": "Request cannot be satisfied as assigned quota has been exceeded",
+                "status": 429,
+                "violated-policies": violated,
+                "error": "too_many_requests",
+                "retry_after": retry_after,
+            });
+            full(
+                StatusCode::TOO_MANY_REQUESTS,
+                "application/problem+json",
+                body.to_string(),
+            )
+        }
+    };
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    add_ratelimit_headers(response.headers_mut(), mode, reports);
+    response
+}
+
+const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Adds the headers of `mode` describing `reports` (no headers when there is no report).
+pub fn add_ratelimit_headers(
+    headers: &mut HeaderMap,
+    mode: HeaderMode,
+    reports: &[LimitReport<'_>],
+) {
+    if reports.is_empty() {
+        return;
+    }
+    if matches!(mode, HeaderMode::Legacy | HeaderMode::Both) {
+        add_legacy_headers(headers, reports);
+    }
+    if matches!(mode, HeaderMode::Ietf | HeaderMode::Both) {
+        add_ietf_headers(headers, reports);
+    }
+}
+
+/// The most constrained limit: on a refusal the refusing one with the longest wait,
+/// otherwise the one that admits the fewest further requests of this route.
+fn most_constrained<'r, 'a>(reports: &'r [LimitReport<'a>]) -> Option<&'r LimitReport<'a>> {
+    let refused = reports
+        .iter()
+        .filter(|report| report.refused)
+        .max_by(|a, b| a.wait.total_cmp(&b.wait));
+    refused.or_else(|| {
+        reports.iter().min_by(|a, b| {
+            a.requests_left()
+                .total_cmp(&b.requests_left())
+                .then(b.full_in.total_cmp(&a.full_in))
+        })
+    })
+}
+
+fn add_legacy_headers(headers: &mut HeaderMap, reports: &[LimitReport<'_>]) {
+    let Some(report) = most_constrained(reports) else {
+        return;
+    };
+    let mut reset = whole(report.full_in.ceil());
+    if report.refused {
+        reset = reset.max(retry_after_seconds(report.wait));
+    }
+    headers.insert(
+        RATELIMIT_LIMIT,
+        HeaderValue::from(whole(report.capacity.floor())),
+    );
+    headers.insert(RATELIMIT_REMAINING, HeaderValue::from(report.remaining()));
+    headers.insert(RATELIMIT_RESET, HeaderValue::from(reset));
+}
+
+/// `RateLimit-Policy: "name";q=<capacity>;w=<seconds to refill>` and
+/// `RateLimit: "name";r=<remaining>;t=<seconds>` where `t` is, for a refusing policy, the
+/// wait until the request would pass, otherwise the wait for the next whole token
+/// (0 when full). Names are limit names, never client keys.
+fn add_ietf_headers(headers: &mut HeaderMap, reports: &[LimitReport<'_>]) {
+    let mut policy = String::new();
+    let mut state = String::new();
+    for (index, report) in reports.iter().enumerate() {
+        if index > 0 {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        let window = whole((report.capacity / report.rate).ceil()).max(1);
+        policy.push_str(&format!(
+            "\"{}\";q={};w={window}",
+            report.name,
+            whole(report.capacity.floor())
+        ));
+        let t = if report.refused {
+            retry_after_seconds(report.wait)
+        } else if report.tokens >= report.capacity {
+            0
+        } else {
+            let next = report.tokens.max(0.0).floor() + 1.0;
+            whole(((next.min(report.capacity) - report.tokens) / report.rate).ceil())
+        };
+        state.push_str(&format!(
+            "\"{}\";r={};t={t}",
+            report.name,
+            report.remaining()
+        ));
+    }
+    if let Ok(value) = HeaderValue::from_str(&policy) {
+        headers.insert(RATELIMIT_POLICY, value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&state) {
+        headers.insert(RATELIMIT, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(
+        name: &str,
+        capacity: f64,
+        rate: f64,
+        tokens: f64,
+        refused: bool,
+        wait: f64,
+    ) -> LimitReport<'_> {
+        LimitReport {
+            name,
+            capacity,
+            rate,
+            cost: 1.0,
+            tokens,
+            full_in: (capacity - tokens) / rate,
+            wait,
+            refused,
+        }
+    }
+
+    fn header(response: &Response<Body>, name: &str) -> String {
+        response.headers()[name].to_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn retry_after_is_rounded_up_and_at_least_one() {
+        assert_eq!(retry_after_seconds(0.0), 1);
+        assert_eq!(retry_after_seconds(0.2), 1);
+        assert_eq!(retry_after_seconds(1.0), 1);
+        assert_eq!(retry_after_seconds(1.01), 2);
+        assert_eq!(retry_after_seconds(119.5), 120);
+    }
+
+    #[test]
+    fn a_refusal_announces_the_longest_wait_of_the_refusing_limits() {
+        let reports = [
+            report("per_network", 20.0, 1.0 / 30.0, 10.0, false, 0.0),
+            report("per_account", 5.0, 1.0 / 120.0, 0.5, true, 60.0),
+            report("global", 200.0, 50.0, 0.2, true, 0.016),
+        ];
+        let response = too_many_requests(HeaderMode::Legacy, &reports);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&response, "retry-after"), "60");
+        assert_eq!(header(&response, "content-type"), "application/json");
+        assert_eq!(header(&response, "ratelimit-limit"), "5");
+        assert_eq!(header(&response, "ratelimit-remaining"), "0");
+        assert_eq!(header(&response, "ratelimit-reset"), "540");
+    }
+
+    #[test]
+    fn admitted_legacy_headers_describe_the_most_constrained_limit() {
+        let reports = [
+            report("per_network", 20.0, 1.0 / 30.0, 19.0, false, 0.0),
+            report("per_account", 5.0, 1.0 / 120.0, 2.0, false, 0.0),
+        ];
+        let mut headers = HeaderMap::new();
+        add_ratelimit_headers(&mut headers, HeaderMode::Legacy, &reports);
+        assert_eq!(headers["ratelimit-limit"], "5");
+        assert_eq!(headers["ratelimit-remaining"], "2");
+        assert_eq!(headers["ratelimit-reset"], "360");
+        assert!(headers.get("ratelimit-policy").is_none());
+    }
+
+    #[test]
+    fn ietf_headers_name_every_policy() {
+        let reports = [
+            report("per_account", 5.0, 1.0 / 120.0, 2.0, false, 0.0),
+            report("global", 200.0, 50.0, 200.0, false, 0.0),
+        ];
+        let mut headers = HeaderMap::new();
+        add_ratelimit_headers(&mut headers, HeaderMode::Ietf, &reports);
+        assert_eq!(
+            headers["ratelimit-policy"],
+            "\"per_account\";q=5;w=600, \"global\";q=200;w=4"
+        );
+        assert_eq!(
+            headers["ratelimit"],
+            "\"per_account\";r=2;t=120, \"global\";r=200;t=0"
+        );
+        assert!(headers.get("ratelimit-limit").is_none());
+    }
+
+    #[test]
+    fn ietf_refusal_is_problem_json() {
+        let reports = [report("per_account", 5.0, 1.0 / 120.0, 0.0, true, 120.0)];
+        let response = too_many_requests(HeaderMode::Both, &reports);
+        assert_eq!(
+            header(&response, "content-type"),
+            "application/problem+json"
+        );
+        assert_eq!(header(&response, "ratelimit"), "\"per_account\";r=0;t=120");
+        assert_eq!(header(&response, "ratelimit-reset"), "600");
+    }
+}

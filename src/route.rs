@@ -1,0 +1,130 @@
+//! Matching a request to its route: host, method and normalized path; first match wins.
+
+use http::Method;
+
+use crate::config::{PathMatch, Route};
+
+/// The index of the first route that matches, if any.
+///
+/// `host` is the request's host, lower-case and without port; `path` is normalized.
+/// Cost: linear in the number of routes, each a few comparisons.
+pub fn find(routes: &[Route], host: Option<&str>, method: &Method, path: &str) -> Option<usize> {
+    routes
+        .iter()
+        .position(|route| matches(route, host, method, path))
+}
+
+fn matches(route: &Route, host: Option<&str>, method: &Method, path: &str) -> bool {
+    if let Some(expected) = &route.host {
+        if host != Some(expected.as_str()) {
+            return false;
+        }
+    }
+    if let Some(methods) = &route.methods {
+        if !methods.contains(method) {
+            return false;
+        }
+    }
+    path_matches(&route.path, path)
+}
+
+/// Exact paths tolerate one trailing slash; prefixes match whole segments only.
+pub fn path_matches(rule: &PathMatch, path: &str) -> bool {
+    match rule {
+        PathMatch::Exact(exact) => {
+            path == exact
+                || (path.len() == exact.len() + 1
+                    && path.starts_with(exact.as_str())
+                    && path.ends_with('/'))
+        }
+        PathMatch::Prefix(prefix) if prefix == "/" => true,
+        PathMatch::Prefix(prefix) => match path.strip_prefix(prefix.as_str()) {
+            Some(rest) => rest.is_empty() || rest.starts_with('/'),
+            None => false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Policy;
+
+    fn policy() -> Policy {
+        Policy::parse(
+            "test.toml",
+            r#"
+            [upstreams.app]
+            url = "http://127.0.0.1:3000"
+
+            [[routes]]
+            name = "login"
+            methods = ["POST"]
+            path = "/login"
+            upstream = "app"
+
+            [[routes]]
+            name = "shop-api"
+            host = "Shop.Example.com"
+            path_prefix = "/api/"
+            upstream = "app"
+
+            [[routes]]
+            name = "search"
+            path_prefix = "/api/search"
+            upstream = "app"
+
+            [[routes]]
+            name = "api"
+            path_prefix = "/api/"
+            upstream = "app"
+
+            [[routes]]
+            name = "default"
+            path_prefix = "/"
+            upstream = "app"
+            "#,
+        )
+        .unwrap()
+    }
+
+    fn route(policy: &Policy, host: Option<&str>, method: Method, path: &str) -> String {
+        let index = find(&policy.routes, host, &method, path).expect("the catch-all matches");
+        policy.routes[index].name.to_string()
+    }
+
+    #[test]
+    fn first_match_wins_on_method_host_and_path() {
+        let p = policy();
+        assert_eq!(route(&p, None, Method::POST, "/login"), "login");
+        assert_eq!(route(&p, None, Method::POST, "/login/"), "login");
+        assert_eq!(route(&p, None, Method::GET, "/login"), "default");
+        assert_eq!(route(&p, None, Method::POST, "/login/x"), "default");
+        assert_eq!(route(&p, None, Method::POST, "/loginx"), "default");
+        assert_eq!(
+            route(&p, Some("shop.example.com"), Method::GET, "/api/search"),
+            "shop-api"
+        );
+        assert_eq!(
+            route(&p, Some("other.example.com"), Method::GET, "/api/search"),
+            "search"
+        );
+        assert_eq!(route(&p, None, Method::GET, "/api/search/books"), "search");
+        assert_eq!(route(&p, None, Method::GET, "/api/searching"), "api");
+        assert_eq!(route(&p, None, Method::GET, "/api"), "api");
+        assert_eq!(route(&p, None, Method::GET, "/apiary"), "default");
+    }
+
+    #[test]
+    fn no_route_without_a_catch_all() {
+        let routes = &policy().routes[..1];
+        assert_eq!(find(routes, None, &Method::GET, "/"), None);
+    }
+
+    #[test]
+    fn exact_root() {
+        let rule = PathMatch::Exact("/".to_owned());
+        assert!(path_matches(&rule, "/"));
+        assert!(!path_matches(&rule, "/a"));
+    }
+}

@@ -1,0 +1,206 @@
+//! Listeners and connections: accept, serve HTTP/1.1 (keep-alive, upgrades) and h2c (prior
+//! knowledge) on the same port, enforce the connection-level guards (header read timeout,
+//! header size, idle timeout), and drain on shutdown.
+
+use std::pin::pin;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::config::ServerSettings;
+use crate::gateway::{Connection, Gateway};
+
+/// hyper's smallest read buffer.
+const MIN_BUFFER: usize = 8192;
+
+/// Accepts connections until shutdown; each connection is a task of the gateway's tracker.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    gateway: Gateway,
+    settings: ServerSettings,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let builder = Arc::new(connection_builder(&settings));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.changed() => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Usually out of file descriptors: back off instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = Connection {
+            peer: peer.ip().to_canonical(),
+            proto: "http",
+        };
+        gateway.shared.tasks.spawn(serve_connection(
+            stream,
+            connection,
+            gateway.clone(),
+            builder.clone(),
+            settings.idle_timeout,
+            shutdown.clone(),
+        ));
+    }
+    tracing::info!("listener closed");
+}
+
+fn connection_builder(settings: &ServerSettings) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout)
+        .max_buf_size(settings.max_header_bytes.max(MIN_BUFFER))
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+    builder
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    connection: Connection,
+    gateway: Gateway,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    idle_timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(TrackedStream {
+        inner: stream,
+        activity: activity.clone(),
+    });
+    let service = service_fn(move |request| {
+        let gateway = gateway.clone();
+        async move { Ok::<_, std::convert::Infallible>(gateway.handle(request, connection).await) }
+    });
+    let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));
+    let check_every = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    let mut draining = *shutdown.borrow();
+    if draining {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(peer = %connection.peer, %error, "connection ended with an error");
+                }
+                break;
+            }
+            _ = shutdown.changed(), if !draining => {
+                conn.as_mut().graceful_shutdown();
+                draining = true;
+            }
+            _ = tokio::time::sleep(check_every), if !draining => {
+                if activity.idle_for() >= idle_timeout {
+                    conn.as_mut().graceful_shutdown();
+                    draining = true;
+                }
+            }
+        }
+    }
+}
+
+/// When a connection last moved bytes.
+struct Activity {
+    origin: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            origin: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.origin.elapsed().saturating_sub(last)
+    }
+}
+
+/// A TCP stream that records activity, for the idle timeout.
+struct TrackedStream {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for TrackedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        result
+    }
+}
+
+impl AsyncWrite for TrackedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(result, Poll::Ready(Ok(written)) if written > 0) {
+            self.activity.touch();
+        }
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(result, Poll::Ready(Ok(written)) if written > 0) {
+            self.activity.touch();
+        }
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,298 @@
+//! Forwarding to upstreams: pooled keep-alive connections, round-robin over an upstream's
+//! addresses (skipping ones that just refused a connection), timeouts, and the header
+//! rewriting a reverse proxy owes both sides.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, Uri, Version};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::{Upstream, UpstreamTarget};
+use crate::Body;
+
+/// How long an address that refused a connection is passed over by round-robin.
+const DOWN_FOR: Duration = Duration::from_secs(2);
+
+/// Why no upstream response came back.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("cannot connect to the upstream: {0}")]
+    Connect(String),
+    #[error("no response head within {0:?}")]
+    Timeout(Duration),
+    #[error("upstream exchange failed: {0}")]
+    Exchange(String),
+}
+
+/// A request body on its way upstream: streamed as it arrives, or already in memory (then it
+/// can be sent again to another address when the first refuses the connection).
+pub enum OutgoingBody {
+    Streamed(Incoming),
+    Buffered(Bytes),
+}
+
+/// One configured upstream with its connection pool.
+#[derive(Debug)]
+pub struct UpstreamPool {
+    pub settings: Upstream,
+    client: Client<HttpConnector, Body>,
+    next: AtomicUsize,
+    origin: Instant,
+    /// Per target: milliseconds since `origin` until which it is passed over.
+    down_until: Vec<AtomicU64>,
+}
+
+impl UpstreamPool {
+    pub fn new(settings: &Upstream) -> UpstreamPool {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        UpstreamPool {
+            down_until: settings.targets.iter().map(|_| AtomicU64::new(0)).collect(),
+            settings: settings.clone(),
+            client,
+            next: AtomicUsize::new(0),
+            origin: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Targets in the order to try them: round-robin, ones marked down last.
+    fn order(&self) -> Vec<usize> {
+        let count = self.settings.targets.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let now = self.now_ms();
+        let mut order: Vec<usize> = (0..count).map(|offset| (start + offset) % count).collect();
+        order.sort_by_key(|index| self.down_until[*index].load(Ordering::Relaxed) > now);
+        order
+    }
+
+    /// Sends `request` (its URI holds only path and query) and waits for the response head.
+    pub async fn send(
+        &self,
+        request: http::request::Parts,
+        body: OutgoingBody,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        let timeout = self.settings.timeout;
+        let exchange = async {
+            let order = self.order();
+            let mut body = Some(body);
+            let mut last_error = ForwardError::Connect("no upstream address".to_owned());
+            for (attempt, index) in order.iter().enumerate() {
+                let target = &self.settings.targets[*index];
+                let outgoing = match body.take() {
+                    Some(OutgoingBody::Buffered(bytes)) => {
+                        body = Some(OutgoingBody::Buffered(bytes.clone()));
+                        Full::new(bytes).map_err(|never| match never {}).boxed()
+                    }
+                    Some(OutgoingBody::Streamed(incoming)) => incoming.map_err(Into::into).boxed(),
+                    None => break,
+                };
+                let mut parts = request.clone();
+                parts.uri = target_uri(target, &request.uri);
+                parts.version = Version::HTTP_11;
+                match self
+                    .client
+                    .request(Request::from_parts(parts, outgoing))
+                    .await
+                {
+                    Ok(response) => return Ok(response),
+                    Err(error) if error.is_connect() => {
+                        self.down_until[*index].store(
+                            self.now_ms() + DOWN_FOR.as_millis() as u64,
+                            Ordering::Relaxed,
+                        );
+                        tracing::warn!(upstream = %self.settings.name, target = %target.url, attempt, error = %error_chain(&error), "upstream connect failed");
+                        last_error = ForwardError::Connect(error_chain(&error));
+                    }
+                    Err(error) => return Err(ForwardError::Exchange(error_chain(&error))),
+                }
+            }
+            Err(last_error)
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or(Err(ForwardError::Timeout(timeout)))
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// `target`'s scheme and authority, its base path, then the request's path and query.
+fn target_uri(target: &UpstreamTarget, request: &Uri) -> Uri {
+    let path_and_query = request.path_and_query().map_or("/", |pq| pq.as_str());
+    let mut parts = target.url.clone().into_parts();
+    let joined = format!("{}{}", target.base_path, path_and_query);
+    parts.path_and_query = joined.parse().ok().or_else(|| "/".parse().ok());
+    Uri::from_parts(parts).unwrap_or_else(|_| target.url.clone())
+}
+
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Whether the request asks to switch protocols (WebSocket): `Upgrade` named in `Connection`.
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && connection_tokens(headers).any(|token| token.eq_ignore_ascii_case("upgrade"))
+}
+
+fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(str::trim)
+        .filter(|token| !token.is_empty())
+}
+
+/// Removes hop-by-hop headers, including those the `Connection` header names. With
+/// `keep_upgrade`, `Upgrade` and `Connection: upgrade` stay for the next hop.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = connection_tokens(headers)
+        .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
+        .filter(|name| !(keep_upgrade && *name == header::UPGRADE))
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+/// Prepares request headers for the upstream: hop-by-hop removed, the peer appended to
+/// `X-Forwarded-For`, `X-Forwarded-Proto`/`X-Forwarded-Host` set, the client's host kept.
+pub fn rewrite_request_headers(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    proto: &'static str,
+    host: Option<&HeaderValue>,
+    upgrade: bool,
+) {
+    remove_hop_by_hop(headers, upgrade);
+    let chain: Vec<&str> = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .map(str::trim)
+        .filter(|value| !value.is_empty())
+        .collect();
+    let peer = peer.to_canonical().to_string();
+    let forwarded_for = if chain.is_empty() {
+        peer
+    } else {
+        format!("{}, {peer}", chain.join(", "))
+    };
+    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+        headers.insert(X_FORWARDED_FOR, value);
+    }
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    if let Some(host) = host {
+        headers.insert(X_FORWARDED_HOST, host.clone());
+        headers.insert(header::HOST, host.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_including_those_named_by_connection() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            "keep-alive, x-secret-hop".parse().unwrap(),
+        );
+        headers.insert("x-secret-hop", "1".parse().unwrap());
+        headers.insert("keep-alive", "timeout=5".parse().unwrap());
+        headers.insert(header::TE, "trailers".parse().unwrap());
+        headers.insert(header::UPGRADE, "websocket".parse().unwrap());
+        headers.insert("x-end-to-end", "kept".parse().unwrap());
+        remove_hop_by_hop(&mut headers, false);
+        assert_eq!(headers.len(), 1);
+        assert_eq!(headers["x-end-to-end"], "kept");
+    }
+
+    #[test]
+    fn upgrades_keep_their_headers() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, "Upgrade".parse().unwrap());
+        headers.insert(header::UPGRADE, "websocket".parse().unwrap());
+        assert!(is_upgrade(&headers));
+        remove_hop_by_hop(&mut headers, true);
+        assert_eq!(headers[header::UPGRADE], "websocket");
+        assert_eq!(headers[header::CONNECTION], "upgrade");
+    }
+
+    #[test]
+    fn forwarded_headers_append_the_peer() {
+        let mut headers = HeaderMap::new();
+        headers.append(X_FORWARDED_FOR, "1.1.1.1".parse().unwrap());
+        headers.append(X_FORWARDED_FOR, "2.2.2.2".parse().unwrap());
+        let host = HeaderValue::from_static("shop.example.com");
+        rewrite_request_headers(
+            &mut headers,
+            "::ffff:10.0.0.1".parse().unwrap(),
+            "http",
+            Some(&host),
+            false,
+        );
+        assert_eq!(headers[X_FORWARDED_FOR], "1.1.1.1, 2.2.2.2, 10.0.0.1");
+        assert_eq!(headers[X_FORWARDED_PROTO], "http");
+        assert_eq!(headers[X_FORWARDED_HOST], "shop.example.com");
+        assert_eq!(headers[header::HOST], "shop.example.com");
+    }
+
+    #[test]
+    fn target_uris_join_base_path_and_request() {
+        let target = UpstreamTarget {
+            url: "http://127.0.0.1:3000/base/".parse().unwrap(),
+            base_path: "/base".to_owned(),
+        };
+        let uri = target_uri(&target, &"/login?next=%2F".parse().unwrap());
+        assert_eq!(uri, "http://127.0.0.1:3000/base/login?next=%2F");
+    }
+}

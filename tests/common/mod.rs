@@ -1,0 +1,333 @@
+//! Helpers for end-to-end tests: a test upstream, a gateway on ephemeral ports, clients.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tollgate::config::Policy;
+use tollgate::limit::Clock;
+use tollgate::{Options, Tollgate};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type TestBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
+
+/// A test upstream. Paths:
+/// - `/slow`: answers after 5 s;
+/// - `/echo-body`: streams the request body back;
+/// - `/ws`: switches protocols and echoes bytes;
+/// - anything else: 200 with a JSON description of the request it received.
+pub struct Upstream {
+    pub address: SocketAddr,
+    pub hits: Arc<AtomicUsize>,
+}
+
+pub async fn start_upstream() -> Upstream {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind upstream");
+    let address = listener.local_addr().expect("upstream address");
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<Incoming>| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    async move { Ok::<_, std::convert::Infallible>(upstream_answer(request).await) }
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Upstream { address, hits }
+}
+
+async fn upstream_answer(mut request: Request<Incoming>) -> Response<TestBody> {
+    match request.uri().path() {
+        "/slow" => {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            text(StatusCode::OK, "slow")
+        }
+        "/echo-body" => {
+            let body = request
+                .into_body()
+                .map_err(|e| -> BoxError { Box::new(e) })
+                .boxed();
+            Response::new(body)
+        }
+        "/ws" => {
+            let upgrade = hyper::upgrade::on(&mut request);
+            tokio::spawn(async move {
+                if let Ok(upgraded) = upgrade.await {
+                    let mut io = TokioIo::new(upgraded);
+                    let mut buffer = [0u8; 1024];
+                    while let Ok(read) = io.read(&mut buffer).await {
+                        if read == 0 || io.write_all(&buffer[..read]).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            });
+            let mut response = Response::new(empty());
+            *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            response
+                .headers_mut()
+                .insert("upgrade", "websocket".parse().unwrap());
+            response
+                .headers_mut()
+                .insert("connection", "upgrade".parse().unwrap());
+            response
+        }
+        _ => {
+            let (parts, body) = request.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let headers: serde_json::Map<String, serde_json::Value> = parts
+                .headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("").into()))
+                .collect();
+            let description = serde_json::json!({
+                "method": parts.method.as_str(),
+                "uri": parts.uri.to_string(),
+                "headers": headers,
+                "body": String::from_utf8_lossy(&body),
+            });
+            let mut response = text(StatusCode::OK, &description.to_string());
+            response
+                .headers_mut()
+                .insert("connection", "x-upstream-hop".parse().unwrap());
+            response
+                .headers_mut()
+                .insert("x-upstream-hop", "secret".parse().unwrap());
+            response
+        }
+    }
+}
+
+fn empty() -> TestBody {
+    Full::new(Bytes::new())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+fn text(status: StatusCode, body: &str) -> Response<TestBody> {
+    let mut response = Response::new(
+        Full::new(Bytes::from(body.to_owned()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response
+}
+
+/// Replaces `{upstream}` in `policy` and starts a gateway on ephemeral ports.
+pub async fn start_gateway(policy: &str, upstream: SocketAddr) -> Tollgate {
+    start_gateway_with_clock(policy, upstream, None).await
+}
+
+pub async fn start_gateway_with_clock(
+    policy: &str,
+    upstream: SocketAddr,
+    clock: Option<Clock>,
+) -> Tollgate {
+    let policy = compile(policy, upstream);
+    Tollgate::start(
+        policy,
+        Options {
+            clock,
+            config_path: None,
+        },
+    )
+    .await
+    .expect("start gateway")
+}
+
+pub fn compile(policy: &str, upstream: SocketAddr) -> Policy {
+    let text = format!(
+        "{}\n{}",
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        policy.replace("{upstream}", &upstream.to_string())
+    );
+    let text = if policy.contains("[server]") {
+        // The policy brings its own [server]; only the admin listener is added.
+        format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+            policy.replace("{upstream}", &upstream.to_string())
+        )
+    } else {
+        text
+    };
+    Policy::parse("test policy", &text).unwrap_or_else(|errors| panic!("{errors}"))
+}
+
+/// A response read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("not JSON: {:?}", self.body))
+    }
+}
+
+pub struct HttpClient {
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    base: String,
+}
+
+impl HttpClient {
+    pub fn new(address: SocketAddr) -> HttpClient {
+        HttpClient {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            base: format!("http://{address}"),
+        }
+    }
+
+    /// An HTTP/2 client with prior knowledge (h2c).
+    pub fn h2c(address: SocketAddr) -> HttpClient {
+        HttpClient {
+            client: Client::builder(TokioExecutor::new())
+                .http2_only(true)
+                .build_http(),
+            base: format!("http://{address}"),
+        }
+    }
+
+    pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.send("GET", path, headers, Bytes::new()).await
+    }
+
+    pub async fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+        self.send("POST", path, headers, Bytes::from(body.to_owned()))
+            .await
+    }
+
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Reply {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Full::new(body)).expect("request");
+        let response = self.client.request(request).await.expect("response");
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    /// Sends a body of `chunks` streamed one by one and returns the response.
+    pub async fn post_stream(&self, path: &str, chunks: Vec<Bytes>) -> Reply {
+        let stream = futures_stream(chunks);
+        let client: Client<_, StreamBody<_>> = Client::builder(TokioExecutor::new()).build_http();
+        let request = Request::post(format!("{}{path}", self.base))
+            .body(StreamBody::new(stream))
+            .expect("request");
+        let response = client.request(request).await.expect("response");
+        let (parts, body) = response.into_parts();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.expect("body").to_bytes(),
+        }
+    }
+}
+
+fn futures_stream(
+    chunks: Vec<Bytes>,
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send + 'static {
+    let (sender, receiver) = tokio::sync::mpsc::channel(2);
+    tokio::spawn(async move {
+        for chunk in chunks {
+            if sender.send(Ok(Frame::data(chunk))).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(receiver)
+}
+
+/// Writes raw bytes on a new connection and reads until the server closes it (or 10 s).
+pub async fn raw(address: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response)).await;
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+/// Writes raw bytes on a new connection and reads the response head only.
+pub async fn raw_head(address: SocketAddr, request: &[u8]) -> (String, TcpStream) {
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut byte))
+            .await
+            .expect("response head within 10 s")
+            .expect("read");
+        head.push(byte[0]);
+    }
+    (String::from_utf8_lossy(&head).into_owned(), stream)
+}
+
+/// The status code of a raw HTTP/1.1 response.
+pub fn raw_status(response: &str) -> u16 {
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"))
+}
+
+/// The value of one sample in a metrics scrape, e.g. `tollgate_requests_total{outcome="limited",route="login"}`.
+pub fn metric(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(series)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no series {series} in:\n{scrape}"))
+}

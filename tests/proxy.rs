@@ -1,0 +1,416 @@
+//! The proxy over real sockets: forwarding, protocol guards, upstream failures, upgrades,
+//! streaming, admin listener, reload and shutdown.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const BASIC: &str = r#"
+[server]
+listen = ["127.0.0.1:0"]
+max_header_bytes = 8192
+max_buffered_body = "1KiB"
+
+[upstreams.app]
+url = "http://{upstream}"
+timeout = "300ms"
+
+[upstreams.dead]
+url = "http://127.0.0.1:1"
+
+[limits.per_network]
+key = "client_network"
+capacity = 1000
+rate = "1/h"
+
+[limits.per_account]
+key = { json_field = "email" }
+capacity = 1000
+rate = "1/h"
+
+[[routes]]
+name = "dead"
+path_prefix = "/dead"
+upstream = "dead"
+limits = ["per_network"]
+
+[[routes]]
+name = "login"
+path = "/login"
+upstream = "app"
+limits = ["per_account"]
+
+[[routes]]
+name = "default"
+path_prefix = "/"
+upstream = "app"
+limits = ["per_network"]
+"#;
+
+#[tokio::test]
+async fn forwards_with_forwarding_headers_and_without_hop_by_hop_headers() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(BASIC, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let reply = client
+        .get(
+            "/hello?x=1",
+            &[
+                ("x-forwarded-for", "192.0.2.1"),
+                ("connection", "x-private"),
+                ("x-private", "must not pass"),
+                ("keep-alive", "timeout=5"),
+                ("host", "shop.example.com"),
+            ],
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    let seen = reply.json();
+    assert_eq!(seen["uri"], "/hello?x=1");
+    let headers = &seen["headers"];
+    assert_eq!(headers["x-forwarded-for"], "192.0.2.1, 127.0.0.1");
+    assert_eq!(headers["x-forwarded-proto"], "http");
+    assert_eq!(headers["x-forwarded-host"], "shop.example.com");
+    assert_eq!(headers["host"], "shop.example.com");
+    assert!(headers.get("x-private").is_none());
+    assert!(headers.get("keep-alive").is_none());
+    assert!(headers["x-request-id"]
+        .as_str()
+        .is_some_and(|id| id.len() == 32));
+    // Response hop-by-hop headers named by the upstream's Connection header are removed too.
+    assert!(reply.header("x-upstream-hop").is_none());
+    assert_eq!(
+        reply.header("x-request-id"),
+        headers["x-request-id"].as_str()
+    );
+}
+
+#[tokio::test]
+async fn request_ids_from_the_client_are_passed_through() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(BASIC, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let reply = client.get("/", &[("x-request-id", "abc-123")]).await;
+    assert_eq!(reply.json()["headers"]["x-request-id"], "abc-123");
+    assert_eq!(reply.header("x-request-id"), Some("abc-123"));
+}
+
+#[tokio::test]
+async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(BASIC, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let refused = client.get("/dead", &[]).await;
+    assert_eq!(refused.status, 502);
+    assert_eq!(refused.json()["error"], "bad_gateway");
+    let slow = client.get("/slow", &[]).await;
+    assert_eq!(slow.status, 504);
+    assert_eq!(slow.json()["error"], "gateway_timeout");
+    let scrape = gateway.render_metrics();
+    assert_eq!(
+        metric(
+            &scrape,
+            r#"tollgate_upstream_responses_total{route="dead",status="error"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &scrape,
+            r#"tollgate_upstream_responses_total{route="default",status="error"}"#
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn round_robin_skips_an_address_that_refuses_connections() {
+    let first = start_upstream().await;
+    let second = start_upstream().await;
+    let policy = BASIC.replace(
+        "url = \"http://{upstream}\"",
+        &format!(
+            "urls = [\"http://{}\", \"http://127.0.0.1:1\", \"http://{}\"]",
+            first.address, second.address
+        ),
+    );
+    let gateway = start_gateway(&policy, first.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    for _ in 0..12 {
+        assert_eq!(client.get("/", &[]).await.status, 200);
+    }
+    let (a, b) = (
+        first.hits.load(Ordering::SeqCst),
+        second.hits.load(Ordering::SeqCst),
+    );
+    assert_eq!(a + b, 12);
+    assert!(
+        a >= 3 && b >= 3,
+        "both live addresses share the load: {a} / {b}"
+    );
+}
+
+#[tokio::test]
+async fn no_route_is_404() {
+    let upstream = start_upstream().await;
+    let policy = BASIC.replace(
+        "name = \"default\"\npath_prefix = \"/\"",
+        "name = \"default\"\npath_prefix = \"/app\"",
+    );
+    let gateway = start_gateway(&policy, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let reply = client.get("/elsewhere", &[]).await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.json()["error"], "not_found");
+    assert_eq!(
+        metric(
+            &gateway.render_metrics(),
+            r#"tollgate_requests_total{outcome="no_route",route="none"}"#
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn protocol_guards_answer_400_405_413_431() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(BASIC, upstream.address).await;
+    let address = gateway.addresses[0];
+    let cases: [(&str, &[u8], u16); 6] = [
+        ("no Host", b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n", 400),
+        ("two Hosts", b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n", 400),
+        ("invalid Host", b"GET / HTTP/1.1\r\nHost: a b/c\r\nConnection: close\r\n\r\n", 400),
+        (
+            "conflicting Content-Length",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nContent-Length: 5\r\nConnection: close\r\n\r\nabcde",
+            400,
+        ),
+        ("CONNECT", b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nConnection: close\r\n\r\n", 405),
+        ("HTTP/1.0 without Host", b"GET / HTTP/1.0\r\n\r\n", 200),
+    ];
+    for (case, request, expected) in cases {
+        let response = raw(address, request).await;
+        assert_eq!(raw_status(&response), expected, "{case}: {response}");
+        assert!(!response.contains("panicked"), "{case}");
+    }
+    let huge = format!(
+        "GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(9000)
+    );
+    assert_eq!(raw_status(&raw(address, huge.as_bytes()).await), 431);
+    let body = format!(r#"{{"email":"{}"}}"#, "a".repeat(2000));
+    let client = HttpClient::new(address);
+    let too_large = client
+        .post("/login", &[("content-type", "application/json")], &body)
+        .await;
+    assert_eq!(too_large.status, 413);
+    assert_eq!(
+        upstream.hits.load(Ordering::SeqCst),
+        1,
+        "only the HTTP/1.0 request was forwarded"
+    );
+}
+
+#[tokio::test]
+async fn content_length_with_transfer_encoding_is_forwarded_chunked_only() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(BASIC, upstream.address).await;
+    let smuggling = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n6\r\nabcdef\r\n0\r\n\r\n";
+    let response = raw(gateway.addresses[0], smuggling).await;
+    assert_eq!(raw_status(&response), 200, "{response}");
+    let body = &response[response.find("\r\n\r\n").unwrap() + 4..];
+    let seen: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(seen["body"], "abcdef", "the chunked framing was used");
+    assert!(
+        seen["headers"].get("content-length").is_none(),
+        "never both framing headers: {seen}"
+    );
+}
+
+#[tokio::test]
+async fn a_chunked_body_larger_than_the_buffer_cap_is_413() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(BASIC, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let chunks = vec![Bytes::from(vec![b'{'; 600]), Bytes::from(vec![b' '; 600])];
+    assert_eq!(client.post_stream("/login", chunks).await.status, 413);
+}
+
+#[tokio::test]
+async fn multi_megabyte_bodies_stream_through_intact() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(BASIC, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let chunks: Vec<Bytes> = (0..64u32)
+        .map(|index| {
+            Bytes::from(
+                (0..65_536u32)
+                    .map(|byte| (byte.wrapping_mul(31) ^ index) as u8)
+                    .collect::<Vec<u8>>(),
+            )
+        })
+        .collect();
+    let expected: Vec<u8> = chunks
+        .iter()
+        .flat_map(|chunk| chunk.iter().copied())
+        .collect();
+    let reply = client.post_stream("/echo-body", chunks).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body.len(), 4 * 1024 * 1024);
+    assert!(reply.body == expected, "4 MiB came back byte for byte");
+}
+
+#[tokio::test]
+async fn websocket_upgrade_passes_through_after_the_limits() {
+    let upstream = start_upstream().await;
+    let policy = BASIC.replace(
+        "capacity = 1000\nrate = \"1/h\"\n\n[limits.per_account]",
+        "capacity = 1\nrate = \"1/h\"\n\n[limits.per_account]",
+    );
+    let gateway = start_gateway(&policy, upstream.address).await;
+    let address = gateway.addresses[0];
+    let handshake = b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    let (head, mut stream) = raw_head(address, handshake).await;
+    let head = head.to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    stream.write_all(b"ping through the tunnel").await.unwrap();
+    let mut echoed = [0u8; 23];
+    tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut echoed))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&echoed, b"ping through the tunnel");
+    // The upgrade consumed the network's only token: the next handshake is refused.
+    let (refused, _) = raw_head(
+        address,
+        b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await;
+    assert_eq!(raw_status(&refused), 429);
+}
+
+#[tokio::test]
+async fn admin_endpoints_live_only_on_the_admin_listener() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(BASIC, upstream.address).await;
+    let admin = HttpClient::new(gateway.admin_address);
+    assert_eq!(admin.get("/healthz", &[]).await.status, 200);
+    assert_eq!(admin.get("/readyz", &[]).await.status, 200);
+    let public = HttpClient::new(gateway.addresses[0]);
+    public.get("/x", &[]).await;
+    let scrape = admin.get("/metrics", &[]).await;
+    assert_eq!(scrape.status, 200);
+    let text = String::from_utf8_lossy(&scrape.body);
+    assert_eq!(
+        metric(
+            &text,
+            r#"tollgate_requests_total{outcome="allowed",route="default"}"#
+        ),
+        1.0
+    );
+    // On the public listener, /metrics is just another path, proxied to the app.
+    let proxied = public.get("/metrics", &[]).await;
+    assert_eq!(proxied.json()["uri"], "/metrics");
+}
+
+#[tokio::test]
+async fn reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() {
+    let upstream = start_upstream().await;
+    let policy = BASIC.replace("capacity = 1000", "capacity = 2");
+    let gateway = start_gateway(&policy, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    for _ in 0..2 {
+        assert_eq!(client.get("/", &[]).await.status, 200);
+        assert_eq!(
+            client
+                .post(
+                    "/login",
+                    &[("content-type", "application/json")],
+                    r#"{"email":"a"}"#
+                )
+                .await
+                .status,
+            200
+        );
+    }
+    assert_eq!(client.get("/", &[]).await.status, 429);
+    assert_eq!(
+        client
+            .post(
+                "/login",
+                &[("content-type", "application/json")],
+                r#"{"email":"a"}"#
+            )
+            .await
+            .status,
+        429
+    );
+    // Raise per_account only: per_network keeps its (empty) bucket, per_account starts fresh.
+    let raised = policy.replace(
+        "key = { json_field = \"email\" }\ncapacity = 2",
+        "key = { json_field = \"email\" }\ncapacity = 5",
+    );
+    assert_ne!(raised, policy);
+    gateway.reload(compile(&raised, upstream.address));
+    assert_eq!(
+        client.get("/", &[]).await.status,
+        429,
+        "unchanged limit kept its state"
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            client
+                .post(
+                    "/login",
+                    &[("content-type", "application/json")],
+                    r#"{"email":"a"}"#
+                )
+                .await
+                .status,
+            200
+        );
+    }
+    assert_eq!(
+        client
+            .post(
+                "/login",
+                &[("content-type", "application/json")],
+                r#"{"email":"a"}"#
+            )
+            .await
+            .status,
+        429
+    );
+}
+
+#[tokio::test]
+async fn shutdown_lets_an_in_flight_request_finish() {
+    let upstream = start_upstream().await;
+    let policy = BASIC.replace("timeout = \"300ms\"", "timeout = \"30s\"");
+    let gateway = std::sync::Arc::new(start_gateway(&policy, upstream.address).await);
+    let address = gateway.addresses[0];
+    let slow = tokio::spawn(async move { HttpClient::new(address).get("/slow", &[]).await.status });
+    // Wait until the slow request has reached the upstream.
+    while upstream.hits.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let drained = gateway.shutdown().await;
+    assert!(
+        drained,
+        "the in-flight request finished within the grace period"
+    );
+    assert_eq!(slow.await.unwrap(), 200);
+    assert!(
+        TcpStream::connect(address).await.is_err(),
+        "no new connections after shutdown"
+    );
+    let admin = HttpClient::new(gateway.admin_address);
+    assert_eq!(admin.get("/readyz", &[]).await.status, 503);
+}

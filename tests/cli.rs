@@ -1,0 +1,241 @@
+//! The `tollgate` binary as an operator runs it: logs, signals, reload, demo.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{metric, start_upstream, HttpClient};
+
+/// A running `tollgate` process whose stderr (and stdout) lines are collected.
+struct Process {
+    child: Child,
+    stderr: Arc<Mutex<Vec<String>>>,
+    stdout: Arc<Mutex<Vec<String>>>,
+}
+
+impl Process {
+    fn spawn(args: &[&str]) -> Process {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tollgate");
+        let stderr = collect(child.stderr.take().expect("stderr"));
+        let stdout = collect(child.stdout.take().expect("stdout"));
+        Process {
+            child,
+            stderr,
+            stdout,
+        }
+    }
+
+    /// Waits (up to 20 s) for a line satisfying `wanted` and returns it.
+    fn wait_for(&self, from_stdout: bool, wanted: impl Fn(&str) -> bool) -> String {
+        let lines = if from_stdout {
+            &self.stdout
+        } else {
+            &self.stderr
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(line) = lines.lock().unwrap().iter().find(|line| wanted(line)) {
+                return line.clone();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "no such line; stderr so far:\n{}",
+            self.stderr.lock().unwrap().join("\n")
+        );
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    fn wait_exit(&mut self) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code().unwrap_or(-1);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        panic!("tollgate did not exit");
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn collect(stream: impl std::io::Read + Send + 'static) -> Arc<Mutex<Vec<String>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    lines
+}
+
+fn policy(upstream: std::net::SocketAddr, capacity: u32) -> String {
+    format!(
+        r#"
+[server]
+listen = ["127.0.0.1:0"]
+[admin]
+listen = "127.0.0.1:0"
+[upstreams.app]
+url = "http://{upstream}"
+[limits.per_network]
+key = "client_network"
+capacity = {capacity}
+rate = "1/h"
+[[routes]]
+name = "default"
+path_prefix = "/"
+upstream = "app"
+limits = ["per_network"]
+"#
+    )
+}
+
+fn address_in(line: &str) -> std::net::SocketAddr {
+    let json: serde_json::Value = serde_json::from_str(line).expect("JSON log line");
+    json["address"]
+        .as_str()
+        .expect("address field")
+        .parse()
+        .expect("socket address")
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write policy");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_logs_one_access_line_per_request_and_sigterm_exits_0() {
+    let upstream = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    write(&file, &policy(upstream.address, 2));
+    let file_arg = file.to_str().unwrap();
+    for args in [
+        vec!["--log-format", "json", "run", "--config", file_arg],
+        vec!["run", "--config", file_arg, "--log-format", "json"],
+    ] {
+        let mut process = Process::spawn(&args);
+        let listening = process.wait_for(false, |line| line.contains("\"listening\""));
+        let client = HttpClient::new(address_in(&listening));
+        let statuses: Vec<u16> = [
+            client.get("/a", &[]).await.status.as_u16(),
+            client.get("/b", &[]).await.status.as_u16(),
+            client.get("/c", &[]).await.status.as_u16(),
+        ]
+        .to_vec();
+        assert_eq!(statuses, [200, 200, 429]);
+        process.wait_for(false, |line| line.contains("\"status\":429"));
+        process.signal("TERM");
+        assert_eq!(process.wait_exit(), 0);
+        let lines = process.stderr.lock().unwrap().clone();
+        let mut access = Vec::new();
+        for line in &lines {
+            let json: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+            if json["target"] == "tollgate::access" {
+                access.push(json);
+            }
+        }
+        assert_eq!(access.len(), 3, "{lines:#?}");
+        let refused = &access[2];
+        assert_eq!(refused["client"], "127.0.0.1");
+        assert_eq!(refused["route"], "default");
+        assert_eq!(refused["outcome"], "limited");
+        assert_eq!(refused["limit"], "per_network");
+        assert_eq!(refused["path"], "/c");
+        assert_eq!(refused["method"], "GET");
+        assert!(refused["duration_ms"].as_f64().is_some());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads_a_valid_file_and_keeps_serving_on_an_invalid_one() {
+    let upstream = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    write(&file, &policy(upstream.address, 1));
+    let process = Process::spawn(&[
+        "--log-format",
+        "json",
+        "run",
+        "--config",
+        file.to_str().unwrap(),
+    ]);
+    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
+    let admin = process.wait_for(false, |line| line.contains("admin listening"));
+    let client = HttpClient::new(address_in(&listening));
+    let admin = HttpClient::new(address_in(&admin));
+    assert_eq!(client.get("/", &[]).await.status, 200);
+    assert_eq!(client.get("/", &[]).await.status, 429);
+
+    write(&file, &policy(upstream.address, 3));
+    process.signal("HUP");
+    process.wait_for(false, |line| line.contains("configuration reloaded"));
+    // The redefined limit starts fresh with its new capacity.
+    for _ in 0..3 {
+        assert_eq!(client.get("/", &[]).await.status, 200);
+    }
+    assert_eq!(client.get("/", &[]).await.status, 429);
+
+    write(&file, "[limits.broken]\nrate = \"0/s\"\n");
+    process.signal("HUP");
+    process.wait_for(false, |line| line.contains("configuration reload refused"));
+    assert_eq!(
+        client.get("/", &[]).await.status,
+        429,
+        "still serving the previous policy"
+    );
+    let scrape = String::from_utf8_lossy(&admin.get("/metrics", &[]).await.body).into_owned();
+    assert!(metric(&scrape, r#"tollgate_config_reloads_total{result="ok"}"#) >= 1.0);
+    assert!(metric(&scrape, r#"tollgate_config_reloads_total{result="error"}"#) >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_shows_a_429_within_seconds() {
+    let process = Process::spawn(&["demo", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
+    let banner = process.wait_for(true, |line| line.contains("gateway on http://"));
+    let address: std::net::SocketAddr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("address in banner")
+        .parse()
+        .expect("socket address");
+    process.wait_for(true, |line| line.contains("Stop with Ctrl-C"));
+    let client = HttpClient::new(address);
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        statuses.push(client.get("/hello", &[]).await.status.as_u16());
+    }
+    assert_eq!(&statuses[..10], &[200; 10]);
+    assert_eq!(&statuses[10..], &[429, 429]);
+    let instructions = process.stdout.lock().unwrap().join("\n");
+    assert!(instructions.contains(&format!("curl -i http://{address}/hello")));
+}

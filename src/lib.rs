@@ -67,6 +67,9 @@ impl Runtime {
     }
 }
 
+/// How many short chains are counted between checks of whether they are routine.
+const SHORT_CHAIN_SAMPLE: u64 = 50;
+
 /// State that lives as long as the process, shared by every connection.
 pub(crate) struct Shared {
     pub(crate) runtime: ArcSwap<Runtime>,
@@ -85,13 +88,23 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Counts a trust warning, and logs it the first time its cause is seen.
+    /// Counts a trust warning, and logs it once per cause. A chain shorter than
+    /// `trusted_hops` is logged only once it is routine (at least a tenth of the requests, seen
+    /// 50 times): a load balancer's own health checks carry no forwarding header.
     pub(crate) fn trust_warning(&self, warning: TrustWarning) {
-        self.metrics.client_ip_warning(warning);
+        let seen = self.metrics.client_ip_warning(warning);
         let index = TrustWarning::ALL
             .iter()
             .position(|w| *w == warning)
             .unwrap_or_default();
+        if self.warned[index].load(Ordering::Relaxed) {
+            return;
+        }
+        if warning == TrustWarning::ChainShorterThanTrustedHops
+            && (seen % SHORT_CHAIN_SAMPLE != 0 || seen * 10 < self.metrics.total_requests())
+        {
+            return;
+        }
         if !self.warned[index].swap(true, Ordering::Relaxed) {
             tracing::warn!(cause = warning.as_str(), "{}", warning.explanation());
         }

@@ -4,6 +4,7 @@
 //! Request-path handles are resolved once per policy ([`RouteMetrics`]), so a request
 //! increments counters without looking labels up.
 
+use prometheus::core::Collector;
 use prometheus::{
     Counter, CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
@@ -253,10 +254,24 @@ impl Metrics {
             .inc();
     }
 
-    pub fn client_ip_warning(&self, warning: TrustWarning) {
-        self.client_ip_warnings
-            .with_label_values(&[warning.as_str()])
-            .inc();
+    /// Counts one occurrence and returns how many there have been.
+    pub fn client_ip_warning(&self, warning: TrustWarning) -> u64 {
+        let counter = self
+            .client_ip_warnings
+            .with_label_values(&[warning.as_str()]);
+        counter.inc();
+        counter.get()
+    }
+
+    /// Requests counted so far, over every route and outcome (walks the label sets: not for
+    /// the hot path).
+    pub fn total_requests(&self) -> u64 {
+        self.requests
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|metric| metric.get_counter().get_value() as u64)
+            .sum()
     }
 
     pub fn bad_request_without_route(&self) {

@@ -414,3 +414,51 @@ async fn shutdown_lets_an_in_flight_request_finish() {
     let admin = HttpClient::new(gateway.admin_address);
     assert_eq!(admin.get("/readyz", &[]).await.status, 503);
 }
+
+#[tokio::test]
+async fn a_request_head_that_trickles_in_is_cut_off() {
+    let upstream = start_upstream().await;
+    let policy = BASIC.replace(
+        "max_header_bytes = 8192",
+        "max_header_bytes = 8192\nheader_read_timeout = \"500ms\"",
+    );
+    let gateway = start_gateway(&policy, upstream.address).await;
+    let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ")
+        .await
+        .unwrap();
+    // The head never completes: the gateway closes the connection after the timeout.
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "connection still open after 10 s");
+    assert_eq!(upstream.hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connections_are_closed() {
+    let upstream = start_upstream().await;
+    let policy = BASIC.replace(
+        "max_header_bytes = 8192",
+        "max_header_bytes = 8192\nidle_timeout = \"300ms\"",
+    );
+    let gateway = start_gateway(&policy, upstream.address).await;
+    let (head, mut stream) =
+        raw_head(gateway.addresses[0], b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(raw_status(&head), 200);
+    let length: usize = head
+        .lines()
+        .find_map(|line| {
+            line.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .expect("content-length");
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.unwrap();
+    // Nothing more is sent: the idle connection is closed by the gateway.
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "idle connection still open after 10 s");
+    assert!(rest.is_empty());
+}

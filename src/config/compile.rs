@@ -929,14 +929,15 @@ pub(super) fn summary(policy: &Policy) -> String {
     );
     let _ = writeln!(
         out,
-        "store: {:?}, max {} keys",
-        policy.store.backend, policy.store.max_keys
+        "store: {}, max {} keys",
+        policy.store.backend.as_str(),
+        policy.store.max_keys
     );
     let _ = writeln!(out, "\nroutes (first match wins):");
     let _ = writeln!(
         out,
-        "  {:<16} {:<10} {:<28} {:<12} {:<8} limits (cost)",
-        "name", "methods", "path", "upstream", "store↓"
+        "  {:<16} {:<10} {:<28} {:<12} {:<16} limits (cost)",
+        "name", "methods", "path", "upstream", "on store failure"
     );
     for route in &policy.routes {
         let methods = route.methods.as_ref().map_or("any".to_owned(), |methods| {
@@ -961,7 +962,7 @@ pub(super) fn summary(policy: &Policy) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "  {:<16} {:<10} {:<28} {:<12} {:<8} {}",
+            "  {:<16} {:<10} {:<28} {:<12} {:<16} {}",
             route.name,
             methods,
             path,
@@ -1010,7 +1011,7 @@ pub(super) fn summary(policy: &Policy) -> String {
             limit.name,
             key,
             limit.capacity,
-            format!("{:.4}/s", limit.rate.per_second()),
+            limit.rate.to_string(),
             humantime::format_duration(Duration::from_secs_f64(
                 limit.refill_seconds().min(1e9).round()
             ))

@@ -90,6 +90,15 @@ pub enum Backend {
     Redis,
 }
 
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::Redis => "redis",
+        }
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {

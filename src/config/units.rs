@@ -19,12 +19,14 @@ impl Rate {
 
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}/{}",
-            self.tokens,
-            humantime::format_duration(self.period)
-        )
+        let unit = match self.period.as_millis() {
+            1_000 => "s".to_owned(),
+            60_000 => "min".to_owned(),
+            3_600_000 => "h".to_owned(),
+            86_400_000 => "d".to_owned(),
+            _ => humantime::format_duration(self.period).to_string(),
+        };
+        write!(f, "{}/{unit}", self.tokens)
     }
 }
 

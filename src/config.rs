@@ -61,8 +61,22 @@ pub struct ClientIpSettings {
 pub struct StoreSettings {
     pub backend: Backend,
     pub max_keys: usize,
-    /// Secret for hashing request-derived key values; `None`: `TOLLGATE_HASH_KEY`, else random.
+    /// Secret for hashing request-derived key values (`hash_key`, else `TOLLGATE_HASH_KEY`);
+    /// `None` only with the memory backend: then a random one per process.
     pub hash_key: Option<String>,
+    /// Set when `backend = "redis"`.
+    pub redis: Option<RedisSettings>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisSettings {
+    /// Connection URLs: one for a single node, the seed nodes of a Cluster.
+    pub nodes: Vec<String>,
+    pub cluster: bool,
+    /// A store call slower than this is a store failure.
+    pub timeout: Duration,
+    /// Prepended to every key: `<prefix><limit>:<key>`.
+    pub prefix: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -24,7 +24,7 @@ use hyper_util::rt::TokioIo;
 use crate::client_ip;
 use crate::config::{Mode, Route, StoreFailurePolicy};
 use crate::key::{self, RequestFacts};
-use crate::limit::{BucketKey, BucketRequest, Charge, Decision};
+use crate::limit::{BucketKey, BucketRequest, Charge, Decision, StoreError};
 use crate::metrics::{Outcome, RouteMetrics, StatusClass};
 use crate::respond::{self, LimitReport, Refusal};
 use crate::upstream::{self, ForwardError, OutgoingBody};
@@ -253,6 +253,9 @@ impl Gateway {
         let mut reports = Vec::with_capacity(decision.verdicts.len());
         let mut refusing = Vec::new();
         for ((bucket, verdict), position) in buckets.iter().zip(&decision.verdicts).zip(&applied) {
+            if !verdict.observed {
+                continue;
+            }
             let limit_metrics = &metrics.limits[*position];
             limit_metrics
                 .fill_ratio
@@ -356,9 +359,13 @@ impl Gateway {
         let started = Instant::now();
         let result = store.decide(buckets).await;
         duration.observe(started.elapsed().as_secs_f64());
-        result.map_err(|error| {
-            errors.inc();
-            tracing::warn!(backend = store.backend(), %error, "store call failed");
+        result.map_err(|error| match error {
+            // The circuit is open: no call was made, nothing new to report.
+            StoreError::Unavailable => {}
+            error => {
+                errors.inc();
+                tracing::warn!(backend = store.backend(), %error, "store call failed");
+            }
         })
     }
 

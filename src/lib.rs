@@ -39,7 +39,7 @@ use crate::client_ip::TrustWarning;
 use crate::config::{ConfigErrors, Policy};
 use crate::gateway::Gateway;
 use crate::key::KeyHasher;
-use crate::limit::{Clock, MemoryStore, Store};
+use crate::limit::{Clock, MemoryStore, RedisStore, Store, StoreError};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::upstream::UpstreamPool;
 
@@ -134,6 +134,8 @@ pub struct Options {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    #[error("cannot set up the store: {0}")]
+    Store(StoreError),
     #[error("cannot listen on {address}: {source}")]
     Listen {
         address: SocketAddr,
@@ -156,17 +158,17 @@ impl Tollgate {
     /// Binds every listener and starts serving `policy`.
     pub async fn start(policy: Policy, options: Options) -> Result<Tollgate, StartError> {
         let clock = options.clock.unwrap_or_else(Clock::monotonic);
-        let hasher = match policy
-            .store
-            .hash_key
-            .clone()
-            .or_else(|| std::env::var("TOLLGATE_HASH_KEY").ok())
-        {
+        let hasher = match &policy.store.hash_key {
             Some(secret) => KeyHasher::from_secret(secret.as_bytes()),
             None => KeyHasher::random(),
         };
         let metrics = Metrics::new();
-        let store = Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone()));
+        let store = match &policy.store.redis {
+            Some(settings) => Store::Redis(Box::new(
+                RedisStore::new(settings, Clock::monotonic()).map_err(StartError::Store)?,
+            )),
+            None => Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone())),
+        };
         let mut prefix = [0u8; 8];
         let _ = getrandom::getrandom(&mut prefix);
         let shared = Arc::new(Shared {
@@ -315,6 +317,15 @@ impl Tollgate {
     pub fn memory_store(&self) -> Option<&MemoryStore> {
         match &self.shared.store {
             Store::Memory(store) => Some(store),
+            Store::Redis(_) => None,
+        }
+    }
+
+    /// The Redis store (for tests and diagnostics).
+    pub fn redis_store(&self) -> Option<&RedisStore> {
+        match &self.shared.store {
+            Store::Redis(store) => Some(store),
+            Store::Memory(_) => None,
         }
     }
 

@@ -3,9 +3,12 @@
 //! The gateway asks its [`Store`] for one decision covering all of a request's buckets, so
 //! that a store shared by replicas can make it in one indivisible step.
 
+pub mod breaker;
 pub mod bucket;
 pub mod clock;
+pub mod deny_cache;
 pub mod memory;
+pub mod redis;
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,6 +18,7 @@ use ipnet::IpNet;
 pub use bucket::{BucketState, Charge, Verdict};
 pub use clock::{Clock, Timestamp};
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
 
 /// One component of a bucket key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,12 +87,18 @@ pub struct Decision {
 pub enum StoreError {
     #[error("store call timed out")]
     Timeout,
+    #[error("redis: {0}")]
+    Redis(String),
+    /// The circuit breaker is open: no call was made.
+    #[error("store unavailable (circuit open)")]
+    Unavailable,
 }
 
 /// Where buckets live.
 #[derive(Debug)]
 pub enum Store {
     Memory(MemoryStore),
+    Redis(Box<RedisStore>),
 }
 
 impl Store {
@@ -97,6 +107,7 @@ impl Store {
     pub async fn decide(&self, requests: &[BucketRequest]) -> Result<Decision, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.decide(requests)),
+            Store::Redis(store) => store.decide(requests).await,
         }
     }
 
@@ -104,6 +115,7 @@ impl Store {
     pub fn backend(&self) -> &'static str {
         match self {
             Store::Memory(_) => "memory",
+            Store::Redis(_) => "redis",
         }
     }
 
@@ -111,6 +123,7 @@ impl Store {
     pub async fn ready(&self) -> bool {
         match self {
             Store::Memory(_) => true,
+            Store::Redis(store) => store.ping().await,
         }
     }
 
@@ -118,6 +131,8 @@ impl Store {
     pub fn sweep(&self) {
         match self {
             Store::Memory(store) => store.sweep(),
+            // Redis expires its keys itself (PEXPIRE).
+            Store::Redis(_) => {}
         }
     }
 }

@@ -82,6 +82,7 @@ fn check_exits_1_on_a_bad_file_and_0_on_the_shipped_examples() {
             let output = Command::new(binary)
                 .args(["check", "--config"])
                 .arg(&path)
+                .env("TOLLGATE_HASH_KEY", "an example secret for the check")
                 .output()
                 .expect("run check");
             let stdout = String::from_utf8_lossy(&output.stdout);

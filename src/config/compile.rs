@@ -15,8 +15,8 @@ use toml::Spanned;
 use super::raw::{self, RawConfig, RawKey};
 use super::{
     AdminSettings, Backend, ClientIpSettings, ConfigError, ConfigErrors, KeySource, Limit, Missing,
-    Mode, Normalize, PathMatch, Policy, Route, RouteLimit, ServerSettings, StoreSettings, Upstream,
-    UpstreamTarget,
+    Mode, Normalize, PathMatch, Policy, RedisSettings, Route, RouteLimit, ServerSettings,
+    StoreSettings, Upstream, UpstreamTarget,
 };
 use crate::client_ip::Trust;
 use crate::path;
@@ -412,10 +412,6 @@ fn compile_store(raw: raw::RawStore, errors: &mut Errors<'_>) -> StoreSettings {
         .backend
         .as_ref()
         .map_or(Backend::Memory, |backend| *backend.get_ref());
-    if backend == Backend::Redis {
-        let span = raw.backend.as_ref().map(Spanned::span);
-        errors.at(span, "store.backend", "the redis backend is not supported by this version of tollgate; use backend = \"memory\" (one replica)");
-    }
     let max_keys = match raw.max_keys {
         None => DEFAULT_MAX_KEYS as usize,
         Some(keys) if *keys.get_ref() >= 1 => *keys.get_ref() as usize,
@@ -437,11 +433,100 @@ fn compile_store(raw: raw::RawStore, errors: &mut Errors<'_>) -> StoreSettings {
             );
         }
     }
+    let hash_key = raw.hash_key.map(Spanned::into_inner).or_else(|| {
+        std::env::var("TOLLGATE_HASH_KEY")
+            .ok()
+            .filter(|key| !key.is_empty())
+    });
+    let redis = match backend {
+        Backend::Memory => None,
+        Backend::Redis => {
+            let span = raw.backend.as_ref().map(Spanned::span);
+            if hash_key.is_none() {
+                errors.at(
+                    span.clone(),
+                    "store.hash_key",
+                    "the redis backend needs a secret shared by every replica to hash keys taken from requests: set hash_key or the TOLLGATE_HASH_KEY environment variable",
+                );
+            }
+            let timeout = duration_or(raw.timeout, Duration::from_millis(50));
+            if timeout.is_zero() {
+                errors.at(span.clone(), "store.timeout", "must be longer than zero");
+            }
+            match &raw.url {
+                None => {
+                    errors.at(
+                        span,
+                        "store.url",
+                        "backend = \"redis\" needs url = \"redis://host:6379/0\" (or \"redis+cluster://host:port,host:port\")",
+                    );
+                    None
+                }
+                Some(url) => match redis_nodes(url.get_ref(), raw.cluster.unwrap_or(false)) {
+                    Ok((nodes, cluster)) => Some(RedisSettings {
+                        nodes,
+                        cluster,
+                        timeout,
+                        prefix: raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned()),
+                    }),
+                    Err(message) => {
+                        errors.at(Some(url.span()), "store.url", message);
+                        None
+                    }
+                },
+            }
+        }
+    };
     StoreSettings {
         backend,
         max_keys,
-        hash_key: raw.hash_key.map(Spanned::into_inner),
+        hash_key,
+        redis,
     }
+}
+
+/// Splits a store URL into one URL per node: `redis://[user:pass@]host:port[/db]`,
+/// `rediss://...` (TLS), `redis+cluster://host:port,host:port` (or `cluster = true`).
+fn redis_nodes(url: &str, cluster: bool) -> Result<(Vec<String>, bool), String> {
+    let expected = "expected \"redis://[user:password@]host:port[/db]\", \"rediss://...\" or \"redis+cluster://host:port,host:port\"";
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("invalid url {url:?}: {expected}"))?;
+    let (scheme, cluster) = match scheme {
+        "redis" | "rediss" => (scheme, cluster),
+        "redis+cluster" => ("redis", true),
+        "rediss+cluster" => ("rediss", true),
+        _ => {
+            return Err(format!(
+                "invalid url {url:?}: unknown scheme {scheme:?}; {expected}"
+            ))
+        }
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(slash) => rest.split_at(slash),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("{scheme}://{userinfo}{host}{path}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(format!("invalid url {url:?}: no host; {expected}"));
+    }
+    if !cluster && nodes.len() > 1 {
+        return Err(format!("invalid url {url:?}: several hosts need a cluster (\"redis+cluster://...\" or cluster = true)"));
+    }
+    for node in &nodes {
+        redis::IntoConnectionInfo::into_connection_info(node.as_str())
+            .map_err(|error| format!("invalid url {url:?}: {error}; {expected}"))?;
+    }
+    Ok((nodes, cluster))
 }
 
 fn compile_upstream(

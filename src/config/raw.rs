@@ -104,7 +104,7 @@ impl Backend {
 pub struct RawStore {
     pub backend: Option<Spanned<Backend>>,
     pub max_keys: Option<Spanned<i64>>,
-    pub url: Option<String>,
+    pub url: Option<Spanned<String>>,
     pub cluster: Option<bool>,
     pub timeout: Option<HumanDuration>,
     pub prefix: Option<String>,

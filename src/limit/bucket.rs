@@ -38,6 +38,37 @@ pub struct Verdict {
     pub wait: f64,
     /// Seconds until the bucket is full again.
     pub full_in: f64,
+    /// The store saw this bucket in this decision (a refusal from the replica-local deny
+    /// cache knows only the bucket that refused).
+    pub observed: bool,
+}
+
+impl Verdict {
+    /// The verdict for a bucket that holds `tokens` after the decision.
+    pub fn observed(charge: &Charge, tokens: f64, sufficient: bool) -> Verdict {
+        Verdict {
+            sufficient,
+            tokens,
+            wait: if sufficient {
+                0.0
+            } else {
+                (charge.cost - tokens) / charge.rate
+            },
+            full_in: ((charge.capacity - tokens) / charge.rate).max(0.0),
+            observed: true,
+        }
+    }
+
+    /// A bucket the decision did not look at.
+    pub fn unobserved() -> Verdict {
+        Verdict {
+            sufficient: true,
+            tokens: 0.0,
+            wait: 0.0,
+            full_in: 0.0,
+            observed: false,
+        }
+    }
 }
 
 /// The tokens a bucket holds at `now`.
@@ -77,6 +108,7 @@ pub fn decide(
             tokens,
             wait,
             full_in: 0.0,
+            observed: true,
         });
     }
     for ((charge, state), verdict) in charges

@@ -20,6 +20,8 @@ use tollgate::config::Policy;
 use tollgate::limit::Clock;
 use tollgate::{Options, Tollgate};
 
+pub mod redis_server;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type TestBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
 

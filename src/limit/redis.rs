@@ -1,0 +1,451 @@
+//! The shared store: buckets in Redis (one node or a Cluster), so that any number of replicas
+//! enforce exactly the configured limits.
+//!
+//! One request is one script call (`decide.lua`, EVALSHA, reloaded on NOSCRIPT) on a
+//! multiplexed connection: every applicable bucket is checked and, only if all pass, charged,
+//! at the Redis server's time. In a Cluster, a request's buckets may live in different slots:
+//! each slot's buckets are decided by one call (all concurrently), and if any slot refuses
+//! while others charged, those charges are given back (`refund.lua`). Between the charge and
+//! the refund another request may see those tokens missing: the protocol can refuse a request
+//! it could have admitted, never admit one that a bucket refused, and leaks no tokens.
+//!
+//! Calls are bounded by the configured timeout; repeated failures open a circuit breaker; a
+//! replica-local deny cache refuses requests on buckets Redis just reported empty without a
+//! round trip.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use futures_util::future::join_all;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::Script;
+
+use super::breaker::{Breaker, Permit};
+use super::clock::Clock;
+use super::deny_cache::DenyCache;
+use super::{BucketRequest, Decision, StoreError, Verdict};
+use crate::config::RedisSettings;
+
+const DECIDE: &str = include_str!("decide.lua");
+const REFUND: &str = include_str!("refund.lua");
+
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(Box<Cluster>),
+}
+
+struct Cluster {
+    client: ClusterClient,
+    /// Connected on first use, so that the gateway starts while Redis is down.
+    connection: ArcSwapOption<ClusterConnection>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+pub struct RedisStore {
+    connection: Connection,
+    prefix: String,
+    timeout: Duration,
+    decide: Script,
+    refund: Script,
+    breaker: Breaker,
+    deny_cache: DenyCache,
+    clock: Clock,
+    deny_cache_refusals: AtomicU64,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field(
+                "cluster",
+                &matches!(self.connection, Connection::Cluster(_)),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// The reply of one `decide.lua` call for one group of buckets.
+struct GroupReply {
+    admitted: bool,
+    /// (tokens after, sufficient) per bucket of the group.
+    buckets: Vec<(f64, bool)>,
+}
+
+impl RedisStore {
+    /// Prepares the connection without connecting: the gateway serves while Redis is down.
+    pub fn new(settings: &RedisSettings, clock: Clock) -> Result<RedisStore, StoreError> {
+        let connection = if settings.cluster {
+            let client = ClusterClient::builder(settings.nodes.clone())
+                .connection_timeout(settings.timeout.max(Duration::from_millis(250)))
+                .response_timeout(settings.timeout)
+                .retries(1)
+                .build()
+                .map_err(|error| StoreError::Redis(error.to_string()))?;
+            Connection::Cluster(Box::new(Cluster {
+                client,
+                connection: ArcSwapOption::empty(),
+                connecting: tokio::sync::Mutex::new(()),
+            }))
+        } else {
+            let url = settings.nodes.first().cloned().unwrap_or_default();
+            let client =
+                redis::Client::open(url).map_err(|error| StoreError::Redis(error.to_string()))?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(settings.timeout.max(Duration::from_millis(250))))
+                .set_response_timeout(Some(settings.timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(200));
+            let manager = ConnectionManager::new_lazy_with_config(client, config)
+                .map_err(|error| StoreError::Redis(error.to_string()))?;
+            Connection::Single(manager)
+        };
+        Ok(RedisStore {
+            connection,
+            prefix: settings.prefix.clone(),
+            timeout: settings.timeout,
+            decide: Script::new(DECIDE),
+            refund: Script::new(REFUND),
+            breaker: Breaker::new(clock.clone()),
+            deny_cache: DenyCache::default(),
+            clock,
+            deny_cache_refusals: AtomicU64::new(0),
+        })
+    }
+
+    /// Requests refused by the deny cache without a store call.
+    pub fn deny_cache_refusals(&self) -> u64 {
+        self.deny_cache_refusals.load(Ordering::Relaxed)
+    }
+
+    pub fn is_circuit_open(&self) -> bool {
+        self.breaker.is_open()
+    }
+
+    pub fn key(&self, request: &BucketRequest) -> String {
+        format!("{}{}", self.prefix, request.key)
+    }
+
+    pub async fn decide(&self, requests: &[BucketRequest]) -> Result<Decision, StoreError> {
+        let keys: Vec<String> = requests.iter().map(|request| self.key(request)).collect();
+        if let Some(refusal) = self.refuse_from_cache(requests, &keys) {
+            self.deny_cache_refusals.fetch_add(1, Ordering::Relaxed);
+            return Ok(refusal);
+        }
+        if self.breaker.permit() == Permit::Refused {
+            return Err(StoreError::Unavailable);
+        }
+        let sent = self.clock.now();
+        let result =
+            tokio::time::timeout(self.timeout, self.decide_in_redis(requests, &keys)).await;
+        let decision = match result {
+            Ok(Ok(decision)) => decision,
+            Ok(Err(error)) => {
+                self.breaker.failure();
+                return Err(error);
+            }
+            Err(_) => {
+                self.breaker.failure();
+                return Err(StoreError::Timeout);
+            }
+        };
+        self.breaker.success();
+        for ((request, key), verdict) in requests.iter().zip(&keys).zip(&decision.verdicts) {
+            if !verdict.sufficient {
+                self.deny_cache.remember(
+                    key,
+                    verdict.tokens,
+                    sent,
+                    request.charge.rate,
+                    request.charge.capacity,
+                );
+            }
+        }
+        Ok(decision)
+    }
+
+    /// A refusal decided locally, if the deny cache knows an enforcing bucket to be too empty.
+    fn refuse_from_cache(&self, requests: &[BucketRequest], keys: &[String]) -> Option<Decision> {
+        let now = self.clock.now();
+        let mut refused = false;
+        let verdicts: Vec<Verdict> = requests
+            .iter()
+            .zip(keys)
+            .map(|(request, key)| {
+                let charge = &request.charge;
+                match charge
+                    .enforce
+                    .then(|| self.deny_cache.insufficient(key, charge.cost, now))
+                    .flatten()
+                {
+                    Some(tokens) => {
+                        refused = true;
+                        Verdict::observed(charge, tokens, false)
+                    }
+                    None => Verdict::unobserved(),
+                }
+            })
+            .collect();
+        refused.then_some(Decision {
+            admitted: false,
+            verdicts,
+        })
+    }
+
+    async fn decide_in_redis(
+        &self,
+        requests: &[BucketRequest],
+        keys: &[String],
+    ) -> Result<Decision, StoreError> {
+        let groups = match &self.connection {
+            Connection::Single(_) => vec![(0..requests.len()).collect::<Vec<usize>>()],
+            Connection::Cluster(_) => group_by_slot(keys),
+        };
+        let replies = join_all(
+            groups
+                .iter()
+                .map(|group| self.call_decide(requests, keys, group)),
+        )
+        .await;
+        let mut verdicts = vec![Verdict::unobserved(); requests.len()];
+        let mut admitted = true;
+        let mut charged_groups = Vec::new();
+        for (group, reply) in groups.iter().zip(replies) {
+            let reply = reply?;
+            admitted &= reply.admitted;
+            if reply.admitted {
+                charged_groups.push(group);
+            }
+            for (index, (tokens, sufficient)) in group.iter().zip(reply.buckets) {
+                verdicts[*index] = Verdict::observed(&requests[*index].charge, tokens, sufficient);
+            }
+        }
+        if !admitted && !charged_groups.is_empty() {
+            // Another slot refused: give back what the admitting slots charged.
+            let refunds = charged_groups.iter().map(|group| {
+                let charged: Vec<usize> = group
+                    .iter()
+                    .copied()
+                    .filter(|index| verdicts[*index].sufficient)
+                    .collect();
+                self.call_refund(requests, keys, charged)
+            });
+            for result in join_all(refunds).await {
+                result?;
+            }
+            for group in charged_groups {
+                for index in group {
+                    let verdict = &mut verdicts[*index];
+                    if verdict.sufficient {
+                        *verdict = Verdict::observed(
+                            &requests[*index].charge,
+                            verdict.tokens + requests[*index].charge.cost,
+                            true,
+                        );
+                    }
+                }
+            }
+        }
+        Ok(Decision { admitted, verdicts })
+    }
+
+    async fn call_decide(
+        &self,
+        requests: &[BucketRequest],
+        keys: &[String],
+        group: &[usize],
+    ) -> Result<GroupReply, StoreError> {
+        let mut invocation = self.decide.prepare_invoke();
+        for index in group {
+            let charge = &requests[*index].charge;
+            invocation
+                .key(&keys[*index])
+                .arg(charge.capacity)
+                .arg(charge.rate)
+                .arg(charge.cost)
+                .arg(if charge.enforce { 1 } else { 0 });
+        }
+        let reply: Vec<String> = match &self.connection {
+            Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
+            Connection::Cluster(_) => invocation.invoke_async(&mut self.cluster().await?).await,
+        }
+        .map_err(|error| StoreError::Redis(error.to_string()))?;
+        parse_decide_reply(&reply, group.len())
+    }
+
+    async fn call_refund(
+        &self,
+        requests: &[BucketRequest],
+        keys: &[String],
+        charged: Vec<usize>,
+    ) -> Result<(), StoreError> {
+        if charged.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = self.refund.prepare_invoke();
+        for index in &charged {
+            let charge = &requests[*index].charge;
+            invocation
+                .key(&keys[*index])
+                .arg(charge.capacity)
+                .arg(charge.rate)
+                .arg(charge.cost);
+        }
+        let _: i64 = match &self.connection {
+            Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
+            Connection::Cluster(_) => invocation.invoke_async(&mut self.cluster().await?).await,
+        }
+        .map_err(|error| StoreError::Redis(error.to_string()))?;
+        Ok(())
+    }
+
+    async fn cluster(&self) -> Result<ClusterConnection, StoreError> {
+        let Connection::Cluster(cluster) = &self.connection else {
+            return Err(StoreError::Redis("not a cluster".to_owned()));
+        };
+        let Cluster {
+            client,
+            connection,
+            connecting,
+        } = &**cluster;
+        if let Some(existing) = connection.load_full() {
+            return Ok((*existing).clone());
+        }
+        let _guard = connecting.lock().await;
+        if let Some(existing) = connection.load_full() {
+            return Ok((*existing).clone());
+        }
+        let connected = client
+            .get_async_connection()
+            .await
+            .map_err(|error| StoreError::Redis(error.to_string()))?;
+        connection.store(Some(std::sync::Arc::new(connected.clone())));
+        Ok(connected)
+    }
+
+    /// Whether Redis answers a PING within the timeout (`/readyz`).
+    pub async fn ping(&self) -> bool {
+        let ping = async {
+            let result: redis::RedisResult<String> = match &self.connection {
+                Connection::Single(manager) => {
+                    redis::cmd("PING").query_async(&mut manager.clone()).await
+                }
+                Connection::Cluster(_) => match self.cluster().await {
+                    Ok(mut connection) => redis::cmd("PING").query_async(&mut connection).await,
+                    Err(_) => return false,
+                },
+            };
+            result.is_ok()
+        };
+        tokio::time::timeout(self.timeout.max(Duration::from_millis(250)), ping)
+            .await
+            .unwrap_or(false)
+    }
+}
+
+fn parse_decide_reply(reply: &[String], buckets: usize) -> Result<GroupReply, StoreError> {
+    let malformed = || StoreError::Redis(format!("unexpected script reply {reply:?}"));
+    if reply.len() != 1 + 2 * buckets {
+        return Err(malformed());
+    }
+    let admitted = reply[0] == "1";
+    let buckets = reply[1..]
+        .chunks(2)
+        .map(|pair| {
+            Ok((
+                pair[0].parse::<f64>().map_err(|_| malformed())?,
+                pair[1] == "1",
+            ))
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok(GroupReply { admitted, buckets })
+}
+
+/// Indexes of `keys` grouped by Redis Cluster slot, in first-seen order.
+fn group_by_slot(keys: &[String]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (index, key) in keys.iter().enumerate() {
+        let slot = slot(key.as_bytes());
+        match groups
+            .iter_mut()
+            .find(|(group_slot, _)| *group_slot == slot)
+        {
+            Some((_, members)) => members.push(index),
+            None => groups.push((slot, vec![index])),
+        }
+    }
+    groups.into_iter().map(|(_, members)| members).collect()
+}
+
+/// The Redis Cluster slot of a key: CRC16 (XMODEM) of the key, or of its hash tag
+/// (`{...}`, the first non-empty one), modulo 16384.
+pub fn slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|byte| *byte == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|byte| *byte == b'}')
+                .filter(|length| *length > 0)
+                .map(|length| &rest[..length])
+        })
+        .unwrap_or(key);
+    crc16(hashed) % 16384
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for byte in data {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis_cluster() {
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"bar"), 5061);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(
+            slot(b"foo{}{bar}"),
+            slot(b"foo{}{bar}"),
+            "empty tag: the whole key"
+        );
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"tollgate:{x}:a"), slot(b"x"));
+    }
+
+    #[test]
+    fn groups_keep_order_within_a_slot() {
+        let keys = vec!["{a}1".to_owned(), "{b}1".to_owned(), "{a}2".to_owned()];
+        assert_eq!(group_by_slot(&keys), vec![vec![0, 2], vec![1]]);
+    }
+
+    #[test]
+    fn replies_are_parsed_strictly() {
+        let reply: Vec<String> = ["1", "4.5", "1", "0", "0"].map(String::from).to_vec();
+        let parsed = parse_decide_reply(&reply, 2).unwrap();
+        assert!(parsed.admitted);
+        assert_eq!(parsed.buckets, vec![(4.5, true), (0.0, false)]);
+        assert!(parse_decide_reply(&reply, 3).is_err());
+        let garbage: Vec<String> = ["1", "x", "1"].map(String::from).to_vec();
+        assert!(parse_decide_reply(&garbage, 1).is_err());
+    }
+}

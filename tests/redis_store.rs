@@ -1,0 +1,536 @@
+//! The Redis store against real `redis-server` processes started by the tests: exactness
+//! across replicas, atomicity, TTLs, no clear keys, the deny cache, faults and a Cluster.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis_server::{RedisCluster, RedisServer};
+use common::*;
+use tollgate::Tollgate;
+
+fn policy(store_url: &str, capacity: u32, rate: &str) -> String {
+    format!(
+        r#"
+[client_ip]
+trusted_hops = 1
+
+[store]
+backend = "redis"
+url = "{store_url}"
+timeout = "2s"
+prefix = "tg:"
+hash_key = "test-secret-0123456789"
+
+[upstreams.app]
+url = "http://{{upstream}}"
+
+[limits.everyone]
+key = "global"
+capacity = {capacity}
+rate = "{rate}"
+
+[limits.per_network]
+key = "client_network"
+capacity = {capacity}
+rate = "{rate}"
+
+[limits.per_account]
+key = {{ json_field = "email" }}
+capacity = {capacity}
+rate = "{rate}"
+
+[limits.per_user]
+key = {{ header = "x-user-id" }}
+capacity = {capacity}
+rate = "{rate}"
+
+[[routes]]
+name = "global"
+path = "/global"
+upstream = "app"
+limits = ["everyone"]
+on_store_failure = "deny"
+
+[[routes]]
+name = "network"
+path = "/network"
+upstream = "app"
+limits = ["per_network"]
+on_store_failure = "deny"
+
+[[routes]]
+name = "login"
+path = "/login"
+upstream = "app"
+limits = ["per_account", "per_user"]
+on_store_failure = "deny"
+"#
+    )
+}
+
+/// Sends `total` requests spread round-robin over `gateways`, `concurrency` at a time;
+/// returns how many were admitted (200).
+async fn hammer(
+    gateways: &[Arc<Tollgate>],
+    path: &str,
+    headers: Vec<(String, String)>,
+    total: usize,
+    concurrency: usize,
+) -> usize {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let next = next.clone();
+        let gateways: Vec<_> = gateways
+            .iter()
+            .map(|gateway| gateway.addresses[0])
+            .collect();
+        let clients: Vec<HttpClient> = gateways
+            .iter()
+            .map(|address| HttpClient::new(*address))
+            .collect();
+        let path = path.to_owned();
+        let headers = headers.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            loop {
+                let index = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if index >= total {
+                    return admitted;
+                }
+                let header_refs: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_str()))
+                    .collect();
+                let reply = clients[index % clients.len()]
+                    .get(&path, &header_refs)
+                    .await;
+                assert!(
+                    reply.status == 200 || reply.status == 429,
+                    "unexpected {}: {:?}",
+                    reply.status,
+                    reply.body
+                );
+                if reply.status == 200 {
+                    admitted += 1;
+                }
+            }
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.expect("client task");
+    }
+    admitted
+}
+
+async fn replicas(
+    policy: &str,
+    upstream: std::net::SocketAddr,
+    count: usize,
+) -> Vec<Arc<Tollgate>> {
+    let mut gateways = Vec::new();
+    for _ in 0..count {
+        gateways.push(Arc::new(start_gateway(policy, upstream).await));
+    }
+    gateways
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_sharing_redis_admit_exactly_the_capacity() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateways = replicas(&policy(&redis.url(), 50, "1/h"), upstream.address, 3).await;
+    let admitted = hammer(&gateways, "/global", vec![], 300, 24).await;
+    assert_eq!(admitted, 50, "one global bucket, whatever replica answers");
+    // Per network: five networks, each hammered through all three replicas.
+    for network in 1..=5 {
+        let from = vec![(
+            "x-forwarded-for".to_owned(),
+            format!("198.51.100.{network}"),
+        )];
+        assert_eq!(hammer(&gateways, "/network", from, 90, 9).await, 50);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_backend_multiplies_the_limit_by_the_replicas() {
+    // Why the Redis store exists: three replicas with their own memory admit three times
+    // the configured capacity.
+    let upstream = start_upstream().await;
+    let memory_policy = policy("redis://127.0.0.1:1", 50, "1/h")
+        .replace("backend = \"redis\"", "backend = \"memory\"");
+    let gateways = replicas(&memory_policy, upstream.address, 3).await;
+    let admitted = hammer(&gateways, "/global", vec![], 300, 24).await;
+    assert_eq!(admitted, 150);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admitted_stays_within_capacity_plus_refill_while_time_passes() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let (capacity, rate) = (20.0, 40.0);
+    let gateways = replicas(&policy(&redis.url(), 20, "40/s"), upstream.address, 3).await;
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(1500);
+    let mut tasks = Vec::new();
+    for task in 0..12 {
+        let address = gateways[task % 3].addresses[0];
+        tasks.push(tokio::spawn(async move {
+            let client = HttpClient::new(address);
+            let mut admitted = 0u32;
+            while Instant::now() < deadline {
+                if client.get("/global", &[]).await.status == 200 {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let allowed = capacity + rate * elapsed;
+    println!(
+        "admitted {admitted} of at most {allowed:.1} allowed in {elapsed:.3}s: ratio {:.3}",
+        f64::from(admitted) / allowed
+    );
+    assert!(
+        f64::from(admitted) <= allowed + 1.0,
+        "{admitted} > {allowed}"
+    );
+    assert!(
+        f64::from(admitted) >= capacity,
+        "at least the burst is admitted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_on_one_bucket_never_over_admit() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateways = replicas(&policy(&redis.url(), 100, "1/h"), upstream.address, 1).await;
+    assert_eq!(hammer(&gateways, "/global", vec![], 400, 64).await, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_expire_and_carry_no_clear_values() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&policy(&redis.url(), 5, "1/min"), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    for _ in 0..2 {
+        let reply = client
+            .post(
+                "/login",
+                &[
+                    ("content-type", "application/json"),
+                    ("x-user-id", "user-secret-4242"),
+                ],
+                r#"{"email":"alice@example.com"}"#,
+            )
+            .await;
+        assert_eq!(reply.status, 200);
+        client
+            .get("/network", &[("x-forwarded-for", "203.0.113.9")])
+            .await;
+        client.get("/global", &[]).await;
+    }
+    let keys: Vec<String> = redis
+        .cli(&["--scan", "--pattern", "*"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    for key in &keys {
+        assert!(key.starts_with("tg:"), "{key}");
+        assert!(
+            !key.contains("alice") && !key.contains("example.com") && !key.contains("4242"),
+            "clear value in {key}"
+        );
+        let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().unwrap();
+        // Two tokens spent at 1/min: full again in about 120 s (+1 s margin).
+        assert!(ttl > 100_000 && ttl <= 121_000, "{key}: PTTL {ttl}");
+        let fields = redis.cli(&["HKEYS", key]);
+        assert_eq!(
+            fields.split_whitespace().collect::<Vec<_>>(),
+            ["tokens", "ts"],
+            "{key}"
+        );
+    }
+    assert!(keys.contains(&"tg:everyone:global".to_owned()));
+    assert!(keys.contains(&"tg:per_network:v4:203.0.113.9/32".to_owned()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_spares_redis_while_a_bucket_is_empty() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&policy(&redis.url(), 3, "1/h"), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    for _ in 0..3 {
+        assert_eq!(client.get("/global", &[]).await.status, 200);
+    }
+    let refused = client.get("/global", &[]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("retry-after"), Some("3600"));
+    let calls_before = redis.calls("evalsha");
+    for _ in 0..50 {
+        let reply = client.get("/global", &[]).await;
+        assert_eq!(reply.status, 429);
+        assert_eq!(reply.header("retry-after"), Some("3600"));
+    }
+    assert_eq!(
+        redis.calls("evalsha"),
+        calls_before,
+        "no Redis call for a bucket known to be empty"
+    );
+    assert_eq!(gateway.redis_store().unwrap().deny_cache_refusals(), 50);
+    assert_eq!(
+        metric(
+            &gateway.render_metrics(),
+            r#"tollgate_limited_total{limit="everyone",route="global"}"#
+        ),
+        51.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_script_call_per_request() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&policy(&redis.url(), 1000, "1/h"), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    client.get("/global", &[]).await; // loads the script
+    let before = redis.calls("evalsha") + redis.calls("eval");
+    for _ in 0..40 {
+        let reply = client
+            .post(
+                "/login",
+                &[("content-type", "application/json"), ("x-user-id", "7")],
+                r#"{"email":"bob@example.com"}"#,
+            )
+            .await;
+        assert_eq!(reply.status, 200);
+    }
+    let after = redis.calls("evalsha") + redis.calls("eval");
+    assert_eq!(after - before, 40, "two buckets, one call per request");
+}
+
+const FAULTS: &str = r#"
+[store]
+backend = "redis"
+url = "REDIS"
+timeout = "200ms"
+hash_key = "test-secret-0123456789"
+
+[upstreams.app]
+url = "http://{upstream}"
+
+[limits.tight]
+key = "global"
+capacity = 2
+rate = "1/h"
+
+[limits.open]
+key = "global"
+capacity = 1000
+rate = "1/h"
+
+[[routes]]
+name = "allow"
+path = "/allow"
+upstream = "app"
+limits = ["open"]
+on_store_failure = "allow"
+
+[[routes]]
+name = "deny"
+path = "/deny"
+upstream = "app"
+limits = ["open"]
+on_store_failure = "deny"
+
+[[routes]]
+name = "local"
+path = "/local"
+upstream = "app"
+limits = ["tight"]
+on_store_failure = "local"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_follows_each_routes_failure_policy_and_recovers() {
+    let mut redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&FAULTS.replace("REDIS", &redis.url()), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let admin = HttpClient::new(gateway.admin_address);
+    assert_eq!(client.get("/deny", &[]).await.status, 200);
+    assert_eq!(admin.get("/readyz", &[]).await.status, 200);
+
+    redis.stop();
+    let mut slowest = Duration::ZERO;
+    let mut timed = |started: Instant| slowest = slowest.max(started.elapsed());
+    for _ in 0..10 {
+        let started = Instant::now();
+        let reply = client.get("/allow", &[]).await;
+        timed(started);
+        assert_eq!(reply.status, 200, "fail-open admits");
+        let started = Instant::now();
+        let reply = client.get("/deny", &[]).await;
+        timed(started);
+        assert_eq!(reply.status, 503, "fail-closed refuses");
+        assert_eq!(reply.header("retry-after"), Some("1"));
+        assert_eq!(reply.json()["error"], "store_unavailable");
+    }
+    // Local buckets of the same limit decide while Redis is away.
+    let local: Vec<u16> = [
+        client.get("/local", &[]).await.status.as_u16(),
+        client.get("/local", &[]).await.status.as_u16(),
+        client.get("/local", &[]).await.status.as_u16(),
+    ]
+    .to_vec();
+    assert_eq!(local, [200, 200, 429]);
+    assert!(
+        slowest < Duration::from_secs(3),
+        "no request hangs: slowest took {slowest:?}"
+    );
+    let store = gateway.redis_store().unwrap();
+    assert!(
+        store.is_circuit_open(),
+        "repeated failures open the circuit"
+    );
+    let scrape = gateway.render_metrics();
+    let errors = metric(&scrape, r#"tollgate_store_errors_total{backend="redis"}"#);
+    let degraded = metric(
+        &scrape,
+        r#"tollgate_degraded_decisions_total{policy="allow",route="allow"}"#,
+    ) + metric(
+        &scrape,
+        r#"tollgate_degraded_decisions_total{policy="deny",route="deny"}"#,
+    ) + metric(
+        &scrape,
+        r#"tollgate_degraded_decisions_total{policy="local",route="local"}"#,
+    );
+    assert_eq!(degraded, 23.0);
+    assert!(
+        errors >= 3.0 && errors < degraded,
+        "the open circuit spares calls: {errors} errors for {degraded} degraded decisions"
+    );
+    assert_eq!(
+        metric(
+            &scrape,
+            r#"tollgate_requests_total{outcome="degraded_allowed",route="allow"}"#
+        ),
+        10.0
+    );
+    assert_eq!(
+        metric(
+            &scrape,
+            r#"tollgate_requests_total{outcome="store_unavailable",route="deny"}"#
+        ),
+        10.0
+    );
+    assert_eq!(admin.get("/readyz", &[]).await.status, 503);
+
+    // Back, and empty: shared decisions resume without a restart; buckets start full.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if client.get("/deny", &[]).await.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "shared decisions did not resume");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(admin.get("/readyz", &[]).await.status, 200);
+    assert_eq!(
+        client.get("/local", &[]).await.status,
+        200,
+        "Redis restarted empty: full bucket"
+    );
+    assert_eq!(client.get("/local", &[]).await.status, 200);
+    assert_eq!(client.get("/local", &[]).await.status, 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_starts_while_redis_is_down() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.stop();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&FAULTS.replace("REDIS", &url), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let admin = HttpClient::new(gateway.admin_address);
+    assert_eq!(admin.get("/readyz", &[]).await.status, 503);
+    assert_eq!(client.get("/allow", &[]).await.status, 200);
+    assert_eq!(client.get("/deny", &[]).await.status, 503);
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin.get("/readyz", &[]).await.status != 200 {
+        assert!(Instant::now() < deadline, "never became ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_of_three_masters_is_exact_and_refunds_across_slots() {
+    let cluster = RedisCluster::start();
+    let upstream = start_upstream().await;
+    // Two global limits whose keys live in different slots.
+    let slot = |name: &str| tollgate::limit::redis::slot(format!("tg:{name}:global").as_bytes());
+    let names = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
+    let first = names[0];
+    let second = names
+        .iter()
+        .copied()
+        .find(|name| slot(name) != slot(first))
+        .unwrap();
+    let text = policy(&cluster.url(), 50, "1/h")
+        + &format!(
+            r#"
+[limits.{first}]
+key = "global"
+capacity = 10
+rate = "1/h"
+
+[limits.{second}]
+key = "global"
+capacity = 3
+rate = "1/h"
+
+[[routes]]
+name = "both"
+path = "/both"
+upstream = "app"
+limits = ["{first}", "{second}"]
+
+[[routes]]
+name = "first"
+path = "/first"
+upstream = "app"
+limits = ["{first}"]
+"#
+        );
+    let gateways = replicas(&text, upstream.address, 3).await;
+    assert_eq!(
+        hammer(&gateways, "/global", vec![], 300, 24).await,
+        50,
+        "exact on a cluster too"
+    );
+
+    // Three requests use up the second limit (and three of the first's ten tokens).
+    assert_eq!(hammer(&gateways, "/both", vec![], 3, 1).await, 3);
+    // Refused by the second limit: these must not charge the first one.
+    assert_eq!(hammer(&gateways, "/both", vec![], 30, 6).await, 0);
+    assert_eq!(
+        hammer(&gateways, "/first", vec![], 20, 4).await,
+        7,
+        "no token leaked from the first limit"
+    );
+}

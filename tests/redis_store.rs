@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -532,5 +533,65 @@ limits = ["{first}"]
         hammer(&gateways, "/first", vec![], 20, 4).await,
         7,
         "no token leaked from the first limit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_users_passwords_and_database_numbers_come_from_the_url() {
+    let redis = RedisServer::start_with(&["--requirepass", "admin-pass"]);
+    let created = Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis.port.to_string(),
+            "-a",
+            "admin-pass",
+            "--no-auth-warning",
+        ])
+        .args([
+            "ACL",
+            "SETUSER",
+            "gateway",
+            "on",
+            ">gateway-pass",
+            "~tg:*",
+            "+@all",
+        ])
+        .output()
+        .expect("redis-cli");
+    assert!(String::from_utf8_lossy(&created.stdout).contains("OK"));
+    let url = format!("redis://gateway:gateway-pass@127.0.0.1:{}/3", redis.port);
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&policy(&url, 2, "1/h"), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    assert_eq!(client.get("/global", &[]).await.status, 200);
+    assert_eq!(client.get("/global", &[]).await.status, 200);
+    assert_eq!(client.get("/global", &[]).await.status, 429);
+    let in_db3 = Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis.port.to_string(),
+            "-a",
+            "admin-pass",
+            "--no-auth-warning",
+            "-n",
+            "3",
+            "EXISTS",
+            "tg:everyone:global",
+        ])
+        .output()
+        .expect("redis-cli");
+    assert_eq!(
+        String::from_utf8_lossy(&in_db3.stdout).trim(),
+        "1",
+        "the bucket lives in database 3"
+    );
+
+    let wrong = format!("redis://gateway:wrong@127.0.0.1:{}/3", redis.port);
+    let refused = start_gateway(&policy(&wrong, 2, "1/h"), upstream.address).await;
+    let client = HttpClient::new(refused.addresses[0]);
+    assert_eq!(
+        client.get("/global", &[]).await.status,
+        503,
+        "a wrong password is a store failure, fail-closed here"
     );
 }

@@ -60,7 +60,8 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if self.cli(&["PING"]).trim() == "PONG" {
+            let answer = self.cli(&["PING"]);
+            if answer.trim() == "PONG" || answer.contains("NOAUTH") {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));

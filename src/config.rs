@@ -37,12 +37,21 @@ pub struct Policy {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerSettings {
     pub listen: Vec<SocketAddr>,
+    /// TLS on every listener (ALPN h2 and http/1.1).
+    pub tls: Option<TlsFiles>,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_buffered_body: usize,
     pub grace_period: Duration,
     pub ratelimit_headers: HeaderMode,
+}
+
+/// PEM files of the listener's certificate chain and private key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +94,8 @@ pub struct Upstream {
     pub targets: Vec<UpstreamTarget>,
     pub connect_timeout: Duration,
     pub timeout: Duration,
+    /// Roots for `https://` targets; `None`: the system's.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// One address of an upstream: where requests go, and the path they are put under.
@@ -218,12 +229,47 @@ impl Policy {
                 excerpt: None,
             }])
         })?;
-        Policy::parse(&name, &text)
+        let policy = compile::compile(&name, &text, path.parent())?;
+        policy.check_files(&name)?;
+        Ok(policy)
     }
 
-    /// Compiles policy text; `file` names it in error messages.
+    /// Compiles policy text; `file` names it in error messages. Relative paths in it are
+    /// relative to the working directory. Files it names are not read (see [`Policy::load`]).
     pub fn parse(file: &str, text: &str) -> Result<Policy, ConfigErrors> {
-        compile::compile(file, text)
+        compile::compile(file, text, None)
+    }
+
+    /// Reads the certificate, key and CA files the policy names, so that a broken file is a
+    /// configuration error rather than a failure at the first connection.
+    pub fn check_files(&self, file: &str) -> Result<(), ConfigErrors> {
+        let mut errors = Vec::new();
+        let mut problem = |key: String, message: String| {
+            errors.push(ConfigError {
+                file: file.to_owned(),
+                position: None,
+                key,
+                message,
+                excerpt: None,
+            })
+        };
+        if let Some(files) = &self.server.tls {
+            if let Err(message) = crate::tls::server_config(files) {
+                problem("server.tls".to_owned(), message);
+            }
+        }
+        for upstream in &self.upstreams {
+            if let Some(ca_file) = &upstream.ca_file {
+                if let Err(message) = crate::tls::client_config(Some(ca_file)) {
+                    problem(format!("upstreams.{}.ca_file", upstream.name), message);
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(errors))
+        }
     }
 
     /// Looks up a limit by name.

@@ -18,6 +18,7 @@ pub mod path;
 pub mod respond;
 pub mod route;
 pub mod server;
+pub mod tls;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -26,13 +27,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
 use http::HeaderValue;
 use http_body_util::combinators::BoxBody;
 use prometheus::{Histogram, IntCounter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
 use crate::client_ip::TrustWarning;
@@ -58,12 +60,16 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    fn new(policy: Policy, metrics: &Metrics) -> Runtime {
-        Runtime {
-            upstreams: policy.upstreams.iter().map(UpstreamPool::new).collect(),
+    fn new(policy: Policy, metrics: &Metrics) -> Result<Runtime, String> {
+        Ok(Runtime {
+            upstreams: policy
+                .upstreams
+                .iter()
+                .map(UpstreamPool::new)
+                .collect::<Result<_, _>>()?,
             metrics: metrics.for_policy(&policy),
             policy,
-        }
+        })
     }
 }
 
@@ -81,6 +87,8 @@ pub(crate) struct Shared {
     pub(crate) store_metrics: (Histogram, IntCounter),
     warned: [AtomicBool; 3],
     pub(crate) shutting_down: AtomicBool,
+    /// The listeners' TLS configuration; replaced on reload (certificates are re-read).
+    pub(crate) tls: ArcSwapOption<TlsAcceptor>,
     /// Connections and upgraded streams: shutdown waits for them.
     pub(crate) tasks: TaskTracker,
     request_id_prefix: u64,
@@ -134,6 +142,10 @@ pub struct Options {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("upstream client: {0}")]
+    Upstream(String),
     #[error("cannot set up the store: {0}")]
     Store(StoreError),
     #[error("cannot listen on {address}: {source}")]
@@ -141,6 +153,17 @@ pub enum StartError {
         address: SocketAddr,
         source: std::io::Error,
     },
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{0}")]
+    Invalid(ConfigErrors),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("upstream client: {0}")]
+    Upstream(String),
 }
 
 /// A running gateway: its listeners, its admin listener and its shared state.
@@ -176,10 +199,17 @@ impl Tollgate {
             store,
             local: MemoryStore::new(policy.store.max_keys, clock),
             hasher,
-            runtime: ArcSwap::from_pointee(Runtime::new(policy.clone(), &metrics)),
+            runtime: ArcSwap::from_pointee(
+                Runtime::new(policy.clone(), &metrics).map_err(StartError::Upstream)?,
+            ),
             metrics,
             warned: Default::default(),
             shutting_down: AtomicBool::new(false),
+            tls: ArcSwapOption::from(
+                tls_acceptor(&policy)
+                    .map_err(StartError::Tls)?
+                    .map(Arc::new),
+            ),
             tasks: TaskTracker::new(),
             request_id_prefix: u64::from_le_bytes(prefix),
             request_counter: AtomicU64::new(0),
@@ -245,41 +275,54 @@ impl Tollgate {
     /// Replaces the policy for new requests. Buckets of limits whose definition did not change
     /// keep their state; redefined limits start fresh. Listener, admin and store settings
     /// need a restart.
-    pub fn reload(&self, policy: Policy) {
+    pub fn reload(&self, policy: Policy) -> Result<(), ReloadError> {
+        let outcome = self.swap(policy);
+        self.shared.metrics.config_reload(outcome.is_ok());
+        match &outcome {
+            Ok(()) => tracing::info!("configuration reloaded"),
+            Err(error) => tracing::error!(
+                "configuration reload refused, keeping the current policy:\n{error}"
+            ),
+        }
+        outcome
+    }
+
+    fn swap(&self, policy: Policy) -> Result<(), ReloadError> {
+        let tls = tls_acceptor(&policy).map_err(ReloadError::Tls)?;
+        let runtime = Runtime::new(policy, &self.shared.metrics).map_err(ReloadError::Upstream)?;
         let current = self.shared.runtime.load();
-        let old = &current.policy;
-        if old.server.listen != policy.server.listen || old.admin != policy.admin {
+        let (old, new) = (&current.policy, &runtime.policy);
+        if old.server.listen != new.server.listen || old.admin != new.admin {
             tracing::warn!("listen addresses changed: they take effect after a restart");
         }
-        if old.store != policy.store {
+        if old.store != new.store {
             tracing::warn!("[store] changed: it takes effect after a restart");
         }
-        for warning in &policy.warnings {
+        match (&old.server.tls, tls) {
+            (Some(_), Some(acceptor)) => self.shared.tls.store(Some(Arc::new(acceptor))),
+            (None, None) => {}
+            _ => tracing::warn!("TLS turned on or off: it takes effect after a restart"),
+        }
+        for warning in &new.warnings {
             tracing::warn!("policy: {warning}");
         }
-        self.shared
-            .runtime
-            .store(Arc::new(Runtime::new(policy, &self.shared.metrics)));
-        self.shared.metrics.config_reload(true);
-        tracing::info!("configuration reloaded");
+        self.shared.runtime.store(Arc::new(runtime));
+        Ok(())
     }
 
     /// Re-reads the policy file; an invalid file changes nothing (logged and counted).
-    pub fn reload_from_file(&self) -> Result<(), ConfigErrors> {
+    pub fn reload_from_file(&self) -> Result<(), ReloadError> {
         let Some(path) = &self.config_path else {
             return Ok(());
         };
         match Policy::load(path) {
-            Ok(policy) => {
-                self.reload(policy);
-                Ok(())
-            }
+            Ok(policy) => self.reload(policy),
             Err(errors) => {
                 self.shared.metrics.config_reload(false);
                 tracing::error!(
                     "configuration reload refused, keeping the current policy:\n{errors}"
                 );
-                Err(errors)
+                Err(ReloadError::Invalid(errors))
             }
         }
     }
@@ -345,6 +388,16 @@ impl Tollgate {
         }
         drained
     }
+}
+
+/// The listeners' TLS acceptor, reading the certificate files now.
+fn tls_acceptor(policy: &Policy) -> Result<Option<TlsAcceptor>, String> {
+    policy
+        .server
+        .tls
+        .as_ref()
+        .map(|files| tls::server_config(files).map(TlsAcceptor::from))
+        .transpose()
 }
 
 async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {

@@ -1,5 +1,5 @@
-//! Listeners and connections: accept, serve HTTP/1.1 (keep-alive, upgrades) and h2c (prior
-//! knowledge) on the same port, enforce the connection-level guards (header read timeout,
+//! Listeners and connections: accept, terminate TLS when configured, serve HTTP/1.1
+//! (keep-alive, upgrades) and HTTP/2 (ALPN, or h2c with prior knowledge) on the same port, enforce the connection-level guards (header read timeout,
 //! header size, idle timeout), and drain on shutdown.
 
 use std::pin::pin;
@@ -13,7 +13,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::ServerSettings;
@@ -30,6 +30,7 @@ pub(crate) async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let builder = Arc::new(connection_builder(&settings));
+    let tls = settings.tls.is_some();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -45,18 +46,42 @@ pub(crate) async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let connection = Connection {
-            peer: peer.ip().to_canonical(),
-            proto: "http",
-        };
-        gateway.shared.tasks.spawn(serve_connection(
-            stream,
-            connection,
-            gateway.clone(),
-            builder.clone(),
-            settings.idle_timeout,
-            shutdown.clone(),
-        ));
+        let peer = peer.ip().to_canonical();
+        let (gateway, builder, shutdown) = (gateway.clone(), builder.clone(), shutdown.clone());
+        let (idle_timeout, handshake_timeout) =
+            (settings.idle_timeout, settings.header_read_timeout);
+        gateway.shared.tasks.clone().spawn(async move {
+            if !tls {
+                let connection = Connection {
+                    peer,
+                    proto: "http",
+                };
+                return serve_connection(
+                    stream,
+                    connection,
+                    gateway,
+                    builder,
+                    idle_timeout,
+                    shutdown,
+                )
+                .await;
+            }
+            let Some(acceptor) = gateway.shared.tls.load_full() else {
+                return;
+            };
+            match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => {
+                    let connection = Connection {
+                        peer,
+                        proto: "https",
+                    };
+                    serve_connection(stream, connection, gateway, builder, idle_timeout, shutdown)
+                        .await;
+                }
+                Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            }
+        });
     }
     tracing::info!("listener closed");
 }
@@ -76,14 +101,16 @@ fn connection_builder(settings: &ServerSettings) -> auto::Builder<TokioExecutor>
     builder
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<S>(
+    stream: S,
     connection: Connection,
     gateway: Gateway,
     builder: Arc<auto::Builder<TokioExecutor>>,
     idle_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(TrackedStream {
         inner: stream,
@@ -146,13 +173,13 @@ impl Activity {
     }
 }
 
-/// A TCP stream that records activity, for the idle timeout.
-struct TrackedStream {
-    inner: TcpStream,
+/// A stream that records activity, for the idle timeout.
+struct TrackedStream<S> {
+    inner: S,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for TrackedStream {
+impl<S: AsyncRead + Unpin> AsyncRead for TrackedStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -167,7 +194,7 @@ impl AsyncRead for TrackedStream {
     }
 }
 
-impl AsyncWrite for TrackedStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

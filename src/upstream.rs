@@ -11,11 +11,13 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::config::{Upstream, UpstreamTarget};
+use crate::tls;
 use crate::Body;
 
 /// How long an address that refused a connection is passed over by round-robin.
@@ -43,7 +45,7 @@ pub enum OutgoingBody {
 #[derive(Debug)]
 pub struct UpstreamPool {
     pub settings: Upstream,
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
     next: AtomicUsize,
     origin: Instant,
     /// Per target: milliseconds since `origin` until which it is passed over.
@@ -51,21 +53,28 @@ pub struct UpstreamPool {
 }
 
 impl UpstreamPool {
-    pub fn new(settings: &Upstream) -> UpstreamPool {
+    /// Fails only when the configured CA file cannot be used.
+    pub fn new(settings: &Upstream) -> Result<UpstreamPool, String> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(settings.connect_timeout));
         connector.set_nodelay(true);
+        connector.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls::client_config(settings.ca_file.as_deref())?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
             .build(connector);
-        UpstreamPool {
+        Ok(UpstreamPool {
             down_until: settings.targets.iter().map(|_| AtomicU64::new(0)).collect(),
             settings: settings.clone(),
             client,
             next: AtomicUsize::new(0),
             origin: Instant::now(),
-        }
+        })
     }
 
     fn now_ms(&self) -> u64 {

@@ -358,7 +358,7 @@ async fn reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() {
         "key = { json_field = \"email\" }\ncapacity = 5",
     );
     assert_ne!(raised, policy);
-    gateway.reload(compile(&raised, upstream.address));
+    gateway.reload(compile(&raised, upstream.address)).unwrap();
     assert_eq!(
         client.get("/", &[]).await.status,
         429,

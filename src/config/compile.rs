@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use super::raw::{self, RawConfig, RawKey};
 use super::{
     AdminSettings, Backend, ClientIpSettings, ConfigError, ConfigErrors, KeySource, Limit, Missing,
     Mode, Normalize, PathMatch, Policy, RedisSettings, Route, RouteLimit, ServerSettings,
-    StoreSettings, Upstream, UpstreamTarget,
+    StoreSettings, TlsFiles, Upstream, UpstreamTarget,
 };
 use crate::client_ip::Trust;
 use crate::path;
@@ -73,7 +74,7 @@ fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
-pub(super) fn compile(file: &str, text: &str) -> Result<Policy, ConfigErrors> {
+pub(super) fn compile(file: &str, text: &str, base: Option<&Path>) -> Result<Policy, ConfigErrors> {
     let mut errors = Errors {
         file,
         text,
@@ -90,7 +91,7 @@ pub(super) fn compile(file: &str, text: &str) -> Result<Policy, ConfigErrors> {
             return Err(ConfigErrors(errors.found));
         }
     };
-    let policy = compile_raw(raw, &mut errors);
+    let policy = compile_raw(raw, base, &mut errors);
     if errors.found.is_empty() {
         Ok(policy)
     } else {
@@ -133,8 +134,16 @@ fn key_path_at(text: &str, offset: usize) -> String {
     }
 }
 
-fn compile_raw(raw: RawConfig, errors: &mut Errors<'_>) -> Policy {
-    let server = compile_server(raw.server, errors);
+/// A path from the policy file: relative ones are relative to the file's folder.
+fn resolve(base: Option<&Path>, path: &str) -> PathBuf {
+    match base {
+        Some(base) if Path::new(path).is_relative() => base.join(path),
+        _ => PathBuf::from(path),
+    }
+}
+
+fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> Policy {
+    let server = compile_server(raw.server, base, errors);
     let admin = compile_admin(raw.admin, errors);
     let client_ip = compile_client_ip(raw.client_ip, errors);
     let store = compile_store(raw.store, errors);
@@ -148,7 +157,7 @@ fn compile_raw(raw: RawConfig, errors: &mut Errors<'_>) -> Policy {
     let upstreams: Vec<Upstream> = raw
         .upstreams
         .into_iter()
-        .filter_map(|(name, upstream)| compile_upstream(name, upstream, errors))
+        .filter_map(|(name, upstream)| compile_upstream(name, upstream, base, errors))
         .collect();
     let limits: Vec<Limit> = raw
         .limits
@@ -193,7 +202,11 @@ fn duration_or(value: Option<raw::HumanDuration>, default: Duration) -> Duration
     value.map_or(default, |duration| duration.0)
 }
 
-fn compile_server(raw: raw::RawServer, errors: &mut Errors<'_>) -> ServerSettings {
+fn compile_server(
+    raw: raw::RawServer,
+    base: Option<&Path>,
+    errors: &mut Errors<'_>,
+) -> ServerSettings {
     let listen = match raw.listen {
         Some(listen) => {
             let span = listen.span();
@@ -216,13 +229,13 @@ fn compile_server(raw: raw::RawServer, errors: &mut Errors<'_>) -> ServerSetting
             .parse()
             .expect("the default listen address is valid")],
     };
-    if let Some(tls) = &raw.tls {
-        errors.at(
-            Some(tls.span()),
-            "server.tls",
-            "TLS termination is not supported by this version of tollgate; terminate TLS in front of it",
-        );
-    }
+    let tls = raw.tls.map(|tls| {
+        let tls = tls.into_inner();
+        TlsFiles {
+            cert: resolve(base, &tls.cert),
+            key: resolve(base, &tls.key),
+        }
+    });
     let max_header_bytes = match raw.max_header_bytes {
         Some(bytes) if (MIN_HEADER_BYTES..=1 << 20).contains(bytes.get_ref()) => {
             *bytes.get_ref() as usize
@@ -264,6 +277,7 @@ fn compile_server(raw: raw::RawServer, errors: &mut Errors<'_>) -> ServerSetting
     }
     ServerSettings {
         listen,
+        tls,
         header_read_timeout,
         idle_timeout,
         max_header_bytes,
@@ -532,6 +546,7 @@ fn redis_nodes(url: &str, cluster: bool) -> Result<(Vec<String>, bool), String> 
 fn compile_upstream(
     name: String,
     raw: Spanned<raw::RawUpstream>,
+    base: Option<&Path>,
     errors: &mut Errors<'_>,
 ) -> Option<Upstream> {
     let key = format!("upstreams.{name}");
@@ -591,6 +606,7 @@ fn compile_upstream(
         targets,
         connect_timeout,
         timeout,
+        ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
     })
 }
 
@@ -599,12 +615,7 @@ fn upstream_target(text: &str) -> Result<UpstreamTarget, String> {
         .parse()
         .map_err(|_| format!("invalid url {text:?}: expected \"http://host:port\""))?;
     match url.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(format!(
-            "{text:?}: https upstreams are not supported by this version of tollgate; use http://"
-        ))
-        }
+        Some("http") | Some("https") => {}
         _ => {
             return Err(format!(
                 "invalid url {text:?}: expected \"http://host:port\""

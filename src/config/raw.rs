@@ -119,6 +119,7 @@ pub struct RawUpstream {
     pub urls: Option<Spanned<Vec<String>>>,
     pub connect_timeout: Option<HumanDuration>,
     pub timeout: Option<HumanDuration>,
+    pub ca_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -239,3 +239,37 @@ async fn demo_shows_a_429_within_seconds() {
     let instructions = process.stdout.lock().unwrap().join("\n");
     assert!(instructions.contains(&format!("curl -i http://{address}/hello")));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_a_slow_request_lets_it_finish_then_exits_0() {
+    let upstream = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    write(&file, &policy(upstream.address, 10));
+    let mut process = Process::spawn(&[
+        "--log-format",
+        "json",
+        "run",
+        "--config",
+        file.to_str().unwrap(),
+    ]);
+    let address = address_in(&process.wait_for(false, |line| line.contains("\"listening\"")));
+    let slow = tokio::spawn(async move {
+        HttpClient::new(address)
+            .get("/slow", &[])
+            .await
+            .status
+            .as_u16()
+    });
+    while upstream.hits.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    process.signal("TERM");
+    process.wait_for(false, |line| line.contains("shutting down"));
+    assert!(
+        tokio::net::TcpStream::connect(address).await.is_err(),
+        "no new connections while draining"
+    );
+    assert_eq!(slow.await.unwrap(), 200, "the in-flight request completed");
+    assert_eq!(process.wait_exit(), 0);
+}

@@ -30,6 +30,8 @@ pub struct Policy {
     pub limits: Vec<Limit>,
     /// In match order: the first that matches wins.
     pub routes: Vec<Route>,
+    /// Scale every limit's rate while the upstream struggles.
+    pub overload: Option<Overload>,
     /// Suspicious but valid policy (`tollgate check` prints them, `run` logs them).
     pub warnings: Vec<String>,
 }
@@ -121,6 +123,24 @@ pub struct Limit {
     pub ipv6_prefix: u8,
     /// Identifies this definition; buckets of a redefined limit start fresh.
     pub fingerprint: u64,
+    pub adaptive: Option<Adaptive>,
+    /// Extra tokens charged after the response, by status.
+    pub charge_on_status: Vec<(u16, f64)>,
+}
+
+/// A limit's `[adaptive]` table: which statuses are errors, and the penalty.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adaptive {
+    pub on_status: Vec<u16>,
+    pub params: crate::limit::AdaptiveParams,
+}
+
+/// `[overload]`: when the upstream counts as overloaded, and how much rates shrink then.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Overload {
+    pub max_inflight: Option<u64>,
+    pub latency_target: Option<Duration>,
+    pub factor: f64,
 }
 
 impl Limit {
@@ -129,6 +149,21 @@ impl Limit {
         self.key
             .iter()
             .any(|source| matches!(source, KeySource::JsonField(_) | KeySource::FormField(_)))
+    }
+
+    /// Extra tokens charged after a response with this status.
+    pub fn charge_for(&self, status: u16) -> f64 {
+        self.charge_on_status
+            .iter()
+            .find(|(code, _)| *code == status)
+            .map_or(0.0, |(_, tokens)| *tokens)
+    }
+
+    /// Whether this status counts as an error for the key's adaptive penalty.
+    pub fn is_error(&self, status: u16) -> bool {
+        self.adaptive
+            .as_ref()
+            .is_some_and(|adaptive| adaptive.on_status.contains(&status))
     }
 
     /// Seconds an empty bucket takes to fill up.

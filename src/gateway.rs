@@ -22,9 +22,9 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
 use crate::client_ip;
-use crate::config::{Mode, Route, StoreFailurePolicy};
+use crate::config::{Mode, Policy, Route, StoreFailurePolicy};
 use crate::key::{self, RequestFacts};
-use crate::limit::{BucketKey, BucketRequest, Charge, Decision, StoreError};
+use crate::limit::{BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
 use crate::metrics::{Outcome, RouteMetrics, StatusClass};
 use crate::respond::{self, LimitReport, Refusal};
 use crate::upstream::{self, ForwardError, OutgoingBody};
@@ -189,6 +189,7 @@ impl Gateway {
                 _ => None,
             };
             let facts = RequestFacts::new(client, &parts.headers, parts.uri.query(), body_bytes);
+            let load_factor = self.shared.load.factor();
             for (position, entry) in route.limits.iter().enumerate() {
                 let limit = &policy.limits[entry.limit];
                 match key::extract(limit, &facts, &self.shared.hasher) {
@@ -201,10 +202,11 @@ impl Gateway {
                             },
                             charge: Charge {
                                 capacity: limit.capacity,
-                                rate: limit.rate.per_second(),
+                                rate: limit.rate.per_second() * load_factor,
                                 cost: entry.cost,
                                 enforce: limit.mode == Mode::Enforce,
                             },
+                            adaptive: limit.adaptive.as_ref().map(|adaptive| adaptive.params),
                         });
                         applied.push(position);
                     }
@@ -220,30 +222,25 @@ impl Gateway {
         }
 
         let mut outcome = Outcome::Allowed;
-        let decision = if buckets.is_empty() {
-            Decision {
-                admitted: true,
-                verdicts: Vec::new(),
-            }
+        let admit_all = Decision {
+            admitted: true,
+            verdicts: Vec::new(),
+        };
+        let (decision, decider) = if buckets.is_empty() {
+            (admit_all, Decider::Nobody)
         } else {
             match self.decide(&buckets).await {
-                Ok(decision) => decision,
+                Ok(decision) => (decision, Decider::Store),
                 Err(()) => {
                     metrics.degraded.inc();
+                    outcome = Outcome::DegradedAllowed;
                     match route.on_store_failure {
-                        StoreFailurePolicy::Allow => {
-                            outcome = Outcome::DegradedAllowed;
-                            Decision {
-                                admitted: true,
-                                verdicts: Vec::new(),
-                            }
-                        }
+                        StoreFailurePolicy::Allow => (admit_all, Decider::Nobody),
                         StoreFailurePolicy::Deny => {
                             return (Outcome::StoreUnavailable, respond::store_unavailable(1));
                         }
                         StoreFailurePolicy::Local => {
-                            outcome = Outcome::DegradedAllowed;
-                            self.shared.local.decide(&buckets)
+                            (self.shared.local.decide(&buckets), Decider::Local)
                         }
                     }
                 }
@@ -259,7 +256,7 @@ impl Gateway {
             let limit_metrics = &metrics.limits[*position];
             limit_metrics
                 .fill_ratio
-                .observe((verdict.tokens / bucket.charge.capacity).clamp(0.0, 1.0));
+                .observe((verdict.tokens / verdict.capacity).clamp(0.0, 1.0));
             if decision.admitted && verdict.sufficient {
                 limit_metrics.tokens_consumed.inc_by(bucket.charge.cost);
             }
@@ -274,8 +271,8 @@ impl Gateway {
             if bucket.charge.enforce {
                 reports.push(LimitReport {
                     name: &bucket.key.limit,
-                    capacity: bucket.charge.capacity,
-                    rate: bucket.charge.rate,
+                    capacity: verdict.capacity,
+                    rate: verdict.rate,
                     cost: bucket.charge.cost,
                     tokens: verdict.tokens,
                     full_in: verdict.full_in,
@@ -314,8 +311,11 @@ impl Gateway {
 
         let pool = &runtime.upstreams[route.upstream];
         let sent = Instant::now();
+        let watching_load = policy.overload.is_some();
+        let in_flight = watching_load.then(|| self.shared.load.start_request());
         let result = pool.send(parts, body).await;
         let elapsed = sent.elapsed();
+        drop(in_flight);
         exchange.upstream = Some(elapsed);
         let mut response = match result {
             Ok(response) => response,
@@ -333,6 +333,18 @@ impl Gateway {
         metrics
             .upstream_status(StatusClass::of(response.status()))
             .inc();
+        if watching_load {
+            self.shared.load.observe(elapsed);
+        }
+        let after = AfterResponse {
+            route,
+            metrics,
+            buckets: &buckets,
+            applied: &applied,
+            decider,
+        };
+        self.after_response(policy, after, response.status().as_u16())
+            .await;
 
         let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         if switching {
@@ -350,6 +362,57 @@ impl Gateway {
             outcome,
             response.map(|body| body.map_err(Into::into).boxed()),
         )
+    }
+
+    /// Response hooks: extra charges by status and adaptive errors, recorded in the store that
+    /// decided the request. Awaited before the response goes out, so the client's next
+    /// request already sees them; it costs a store call only on configured statuses.
+    async fn after_response(&self, policy: &Policy, after: AfterResponse<'_>, status: u16) {
+        let mut positions = Vec::new();
+        let mut requests = Vec::new();
+        for (bucket, position) in after.buckets.iter().zip(after.applied) {
+            let limit = &policy.limits[after.route.limits[*position].limit];
+            let (extra, error) = (limit.charge_for(status), limit.is_error(status));
+            if extra > 0.0 || error {
+                positions.push(*position);
+                requests.push(OutcomeRequest {
+                    key: bucket.key.clone(),
+                    charge: Charge {
+                        cost: extra,
+                        ..bucket.charge
+                    },
+                    adaptive: bucket.adaptive,
+                    error,
+                });
+            }
+        }
+        if requests.is_empty() {
+            return;
+        }
+        let tripped = match after.decider {
+            Decider::Store => self.shared.store.record_outcomes(&requests).await,
+            Decider::Local => Ok(self.shared.local.record_outcomes(&requests)),
+            Decider::Nobody => return,
+        };
+        let tripped = match tripped {
+            Ok(tripped) => tripped,
+            Err(StoreError::Unavailable) => return,
+            Err(error) => {
+                self.shared.store_metrics.1.inc();
+                tracing::warn!(backend = self.shared.store.backend(), %error, "store call failed (response hooks)");
+                return;
+            }
+        };
+        for ((position, request), tripped) in positions.iter().zip(&requests).zip(tripped) {
+            let limit_metrics = &after.metrics.limits[*position];
+            limit_metrics.tokens_consumed.inc_by(request.charge.cost);
+            if tripped {
+                if let Some(penalties) = &limit_metrics.penalties {
+                    penalties.inc();
+                }
+                tracing::info!(route = %after.route.name, limit = %request.key.limit, "adaptive penalty: key tripped");
+            }
+        }
     }
 
     /// One store call for all of the request's buckets; `Err` is a store failure (counted).
@@ -385,6 +448,26 @@ impl Gateway {
             }
         });
     }
+}
+
+/// Which store took a request's decision (and so receives its response hooks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decider {
+    Store,
+    /// The in-process buckets of `on_store_failure = "local"`.
+    Local,
+    /// No bucket applied, or the store failed on an `allow` route.
+    Nobody,
+}
+
+/// What the response hooks need to know about a forwarded request.
+struct AfterResponse<'a> {
+    route: &'a Route,
+    metrics: &'a RouteMetrics,
+    buckets: &'a [BucketRequest],
+    /// The route-limit position of each bucket.
+    applied: &'a [usize],
+    decider: Decider,
 }
 
 const X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");

@@ -14,6 +14,7 @@ pub mod gateway;
 pub mod key;
 pub mod limit;
 pub mod metrics;
+pub mod overload;
 pub mod path;
 pub mod respond;
 pub mod route;
@@ -43,6 +44,7 @@ use crate::gateway::Gateway;
 use crate::key::KeyHasher;
 use crate::limit::{Clock, MemoryStore, RedisStore, Store, StoreError};
 use crate::metrics::{Metrics, RouteMetrics};
+use crate::overload::LoadMonitor;
 use crate::upstream::UpstreamPool;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -87,6 +89,8 @@ pub(crate) struct Shared {
     pub(crate) store_metrics: (Histogram, IntCounter),
     warned: [AtomicBool; 3],
     pub(crate) shutting_down: AtomicBool,
+    /// Upstream load and the factor it puts on every rate (`[overload]`).
+    pub(crate) load: LoadMonitor,
     /// The listeners' TLS configuration; replaced on reload (certificates are re-read).
     pub(crate) tls: ArcSwapOption<TlsAcceptor>,
     /// Connections and upgraded streams: shutdown waits for them.
@@ -205,6 +209,7 @@ impl Tollgate {
             metrics,
             warned: Default::default(),
             shutting_down: AtomicBool::new(false),
+            load: LoadMonitor::default(),
             tls: ArcSwapOption::from(
                 tls_acceptor(&policy)
                     .map_err(StartError::Tls)?
@@ -248,6 +253,23 @@ impl Tollgate {
         tracing::info!(address = %admin_address, "admin listening (/metrics, /healthz, /readyz)");
         // The admin listener is not tracked: it keeps answering /readyz 503 while draining.
         tokio::spawn(admin::serve(admin_listener, shared.clone()));
+
+        let watching = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            let period = Duration::from_millis(100);
+            let mut interval = tokio::time::interval(period);
+            loop {
+                interval.tick().await;
+                let Some(shared) = watching.upgrade() else {
+                    break;
+                };
+                let runtime = shared.runtime.load();
+                let factor = shared
+                    .load
+                    .tick(runtime.policy.overload.as_ref(), period.as_secs_f64());
+                shared.metrics.load_factor.set(factor);
+            }
+        });
 
         let sweeping = Arc::downgrade(&shared);
         tokio::spawn(async move {

@@ -3,6 +3,7 @@
 //! The gateway asks its [`Store`] for one decision covering all of a request's buckets, so
 //! that a store shared by replicas can make it in one indivisible step.
 
+pub mod adaptive;
 pub mod breaker;
 pub mod bucket;
 pub mod clock;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
+pub use adaptive::{AdaptiveParams, AdaptiveState};
 pub use bucket::{BucketState, Charge, Verdict};
 pub use clock::{Clock, Timestamp};
 pub use memory::MemoryStore;
@@ -73,7 +75,20 @@ impl fmt::Display for BucketKey {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketRequest {
     pub key: BucketKey,
+    /// The configured capacity and rate (the store applies the key's adaptive penalty).
     pub charge: Charge,
+    pub adaptive: Option<AdaptiveParams>,
+}
+
+/// What happens to one bucket after the upstream answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutcomeRequest {
+    pub key: BucketKey,
+    /// The configured capacity and rate; `cost` is the extra charge (0 for none).
+    pub charge: Charge,
+    pub adaptive: Option<AdaptiveParams>,
+    /// The status counts as an error for the key's adaptive penalty.
+    pub error: bool,
 }
 
 /// A store's answer for all of a request's buckets, in the order they were asked.
@@ -124,6 +139,18 @@ impl Store {
         match self {
             Store::Memory(_) => true,
             Store::Redis(store) => store.ping().await,
+        }
+    }
+
+    /// Applies outcome charges and counts adaptive errors; returns, per request, whether the
+    /// key tripped a penalty.
+    pub async fn record_outcomes(
+        &self,
+        requests: &[OutcomeRequest],
+    ) -> Result<Vec<bool>, StoreError> {
+        match self {
+            Store::Memory(store) => Ok(store.record_outcomes(requests)),
+            Store::Redis(store) => store.record_outcomes(requests).await,
         }
     }
 

@@ -6,7 +6,7 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    Counter, CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    Counter, CounterVec, Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
@@ -112,6 +112,8 @@ pub struct Metrics {
     pub inflight: IntGauge,
     config_reloads: IntCounterVec,
     client_ip_warnings: IntCounterVec,
+    penalties: IntCounterVec,
+    pub load_factor: Gauge,
 }
 
 /// Latency buckets from 100 µs to 10 s.
@@ -208,6 +210,20 @@ impl Metrics {
             "Requests whose forwarding headers suggest a trust misconfiguration, by cause.",
             &["cause"],
         );
+        let penalties = counter(
+            "tollgate_penalties_total",
+            "Adaptive penalties: keys tripped by repeated upstream errors, per limit.",
+            &["limit"],
+        );
+        let load_factor = Gauge::new(
+            "tollgate_load_factor",
+            "What every limit's refill rate is multiplied by now (1: no overload).",
+        )
+        .expect("valid metric");
+        load_factor.set(1.0);
+        registry
+            .register(Box::new(load_factor.clone()))
+            .expect("unique metric");
         for result in ["ok", "error"] {
             config_reloads.with_label_values(&[result]);
         }
@@ -228,6 +244,8 @@ impl Metrics {
             inflight,
             config_reloads,
             client_ip_warnings,
+            penalties,
+            load_factor,
         }
     }
 
@@ -308,8 +326,13 @@ impl Metrics {
                         .limits
                         .iter()
                         .map(|entry| {
-                            let limit = &*policy.limits[entry.limit].name;
+                            let definition = &policy.limits[entry.limit];
+                            let limit = &*definition.name;
                             LimitMetrics {
+                                penalties: definition
+                                    .adaptive
+                                    .is_some()
+                                    .then(|| self.penalties.with_label_values(&[limit])),
                                 limited: self.limited.with_label_values(&[name, limit]),
                                 tokens_consumed: self
                                     .tokens_consumed
@@ -360,6 +383,8 @@ impl RouteMetrics {
 
 #[derive(Debug, Clone)]
 pub struct LimitMetrics {
+    /// For adaptive limits only.
+    pub penalties: Option<IntCounter>,
     pub limited: IntCounter,
     pub tokens_consumed: Counter,
     pub fill_ratio: Histogram,

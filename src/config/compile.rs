@@ -14,12 +14,14 @@ use ipnet::IpNet;
 use toml::Spanned;
 
 use super::raw::{self, RawConfig, RawKey};
+use super::{Adaptive, Overload};
 use super::{
     AdminSettings, Backend, ClientIpSettings, ConfigError, ConfigErrors, KeySource, Limit, Missing,
     Mode, Normalize, PathMatch, Policy, RedisSettings, Route, RouteLimit, ServerSettings,
     StoreSettings, TlsFiles, Upstream, UpstreamTarget,
 };
 use crate::client_ip::Trust;
+use crate::limit::AdaptiveParams;
 use crate::path;
 
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
@@ -147,13 +149,9 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
     let admin = compile_admin(raw.admin, errors);
     let client_ip = compile_client_ip(raw.client_ip, errors);
     let store = compile_store(raw.store, errors);
-    if let Some(overload) = &raw.overload {
-        errors.at(
-            Some(overload.span()),
-            "overload",
-            "overload-adaptive rates are not supported by this version of tollgate; remove [overload]",
-        );
-    }
+    let overload = raw
+        .overload
+        .and_then(|overload| compile_overload(overload, errors));
     let upstreams: Vec<Upstream> = raw
         .upstreams
         .into_iter()
@@ -185,6 +183,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         upstreams,
         limits,
         routes,
+        overload,
         warnings: Vec::new(),
     };
     if policy.routes.is_empty() {
@@ -652,17 +651,14 @@ fn compile_limit(
             format!("invalid limit name {name:?}: use letters, digits, '_', '-' and '.'"),
         );
     }
-    if let Some(adaptive) = &raw.adaptive {
-        errors.at(
-            Some(adaptive.span()),
-            format!("{key}.adaptive"),
-            "adaptive limits are not supported by this version of tollgate; remove this table",
-        );
-    }
-    if let Some(charges) = &raw.charge_on_status {
-        errors.at(Some(charges.span()), format!("{key}.charge_on_status"), "charges by response status are not supported by this version of tollgate; remove this table");
-    }
     let capacity = *raw.capacity.get_ref();
+    let adaptive = raw
+        .adaptive
+        .map(|adaptive| compile_adaptive(adaptive, &key, capacity, errors));
+    let charge_on_status = raw
+        .charge_on_status
+        .map(|charges| compile_charges(charges, &key, errors))
+        .unwrap_or_default();
     if !(capacity.is_finite() && capacity > 0.0) {
         errors.at(Some(raw.capacity.span()), format!("{key}.capacity"), format!("{capacity} is out of range: a capacity (burst, in tokens) must be greater than zero"));
     }
@@ -729,6 +725,176 @@ fn compile_limit(
         ipv4_prefix,
         ipv6_prefix,
         fingerprint,
+        adaptive,
+        charge_on_status,
+    })
+}
+
+fn status_code(value: i64) -> Option<u16> {
+    u16::try_from(value)
+        .ok()
+        .filter(|status| (100..=599).contains(status))
+}
+
+fn compile_adaptive(
+    raw: Spanned<raw::RawAdaptive>,
+    key: &str,
+    capacity: f64,
+    errors: &mut Errors<'_>,
+) -> Adaptive {
+    let span = Some(raw.span());
+    let raw = raw.into_inner();
+    let key = format!("{key}.adaptive");
+    let mut on_status = Vec::new();
+    for status in &raw.on_status {
+        match status_code(*status) {
+            Some(status) => on_status.push(status),
+            None => errors.at(
+                span.clone(),
+                format!("{key}.on_status"),
+                format!("{status} is not an HTTP status: expected 100 to 599"),
+            ),
+        }
+    }
+    if raw.on_status.is_empty() {
+        errors.at(
+            span.clone(),
+            format!("{key}.on_status"),
+            "empty: list the upstream statuses that count as errors, such as [401, 403]",
+        );
+    }
+    let threshold = match u32::try_from(raw.threshold) {
+        Ok(threshold) if (1..=1000).contains(&threshold) => threshold,
+        _ => {
+            errors.at(
+                span.clone(),
+                format!("{key}.threshold"),
+                format!(
+                    "{} is out of range: expected 1 to 1000 errors",
+                    raw.threshold
+                ),
+            );
+            1
+        }
+    };
+    if !(raw.factor.is_finite() && raw.factor > 0.0 && raw.factor <= 1.0) {
+        errors.at(
+            span.clone(),
+            format!("{key}.factor"),
+            format!(
+                "{} is out of range: expected a factor in (0, 1], such as 0.5",
+                raw.factor
+            ),
+        );
+    }
+    let min_capacity = raw.min_capacity.unwrap_or(1.0);
+    if !(min_capacity.is_finite() && min_capacity > 0.0 && min_capacity <= capacity) {
+        errors.at(span.clone(), format!("{key}.min_capacity"), format!("{min_capacity} is out of range: expected more than 0 and at most the limit's capacity {capacity}"));
+    }
+    if raw.window.0.is_zero() {
+        errors.at(
+            span.clone(),
+            format!("{key}.window"),
+            "must be longer than zero",
+        );
+    }
+    if raw.hold.0 < raw.window.0 {
+        errors.at(
+            span,
+            format!("{key}.hold"),
+            format!(
+                "hold ({}) must be at least the window ({})",
+                humantime::format_duration(raw.hold.0),
+                humantime::format_duration(raw.window.0)
+            ),
+        );
+    }
+    Adaptive {
+        on_status,
+        params: AdaptiveParams {
+            threshold,
+            window: raw.window.0.as_secs_f64(),
+            factor: raw.factor,
+            min_capacity,
+            hold: raw.hold.0.as_secs_f64(),
+        },
+    }
+}
+
+fn compile_charges(
+    raw: Spanned<BTreeMap<String, f64>>,
+    key: &str,
+    errors: &mut Errors<'_>,
+) -> Vec<(u16, f64)> {
+    let span = Some(raw.span());
+    let mut charges = Vec::new();
+    for (status, tokens) in raw.into_inner() {
+        let Some(code) = status.parse::<i64>().ok().and_then(status_code) else {
+            errors.at(
+                span.clone(),
+                format!("{key}.charge_on_status"),
+                format!("{status:?} is not an HTTP status: expected 100 to 599, such as 404 = 5"),
+            );
+            continue;
+        };
+        if !(tokens.is_finite() && tokens >= 0.0) {
+            errors.at(
+                span.clone(),
+                format!("{key}.charge_on_status.{status}"),
+                format!("{tokens} is out of range: a charge is 0 or more tokens"),
+            );
+            continue;
+        }
+        charges.push((code, tokens));
+    }
+    charges
+}
+
+fn compile_overload(raw: Spanned<raw::RawOverload>, errors: &mut Errors<'_>) -> Option<Overload> {
+    let span = Some(raw.span());
+    let raw = raw.into_inner();
+    if !(raw.factor.is_finite() && raw.factor > 0.0 && raw.factor <= 1.0) {
+        errors.at(
+            span.clone(),
+            "overload.factor",
+            format!(
+                "{} is out of range: expected a factor in (0, 1], such as 0.5",
+                raw.factor
+            ),
+        );
+    }
+    let max_inflight = match raw.max_inflight {
+        Some(value) if value >= 1 => Some(value as u64),
+        Some(value) => {
+            errors.at(
+                span.clone(),
+                "overload.max_inflight",
+                format!("{value} is out of range: expected at least 1"),
+            );
+            None
+        }
+        None => None,
+    };
+    let latency_target = raw.latency_target.map(|target| target.0);
+    if latency_target.is_some_and(|target| target.is_zero()) {
+        errors.at(
+            span.clone(),
+            "overload.latency_target",
+            "must be longer than zero",
+        );
+    }
+    if max_inflight.is_none() && latency_target.is_none() {
+        errors.at(
+            span,
+            "overload",
+            "set max_inflight, latency_target or both: what counts as overloaded",
+        );
+        return None;
+    }
+    Some(Overload {
+        max_inflight,
+        latency_target,
+        factor: raw.factor,
     })
 }
 

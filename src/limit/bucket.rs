@@ -27,6 +27,17 @@ pub struct Charge {
     pub enforce: bool,
 }
 
+impl Charge {
+    /// The same charge with capacity and rate multiplied (an adaptive penalty).
+    pub fn scaled(&self, multiplier: f64) -> Charge {
+        Charge {
+            capacity: self.capacity * multiplier,
+            rate: self.rate * multiplier,
+            ..*self
+        }
+    }
+}
+
 /// One bucket's outcome.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Verdict {
@@ -38,6 +49,9 @@ pub struct Verdict {
     pub wait: f64,
     /// Seconds until the bucket is full again.
     pub full_in: f64,
+    /// The capacity and rate in force for this key (reduced by an adaptive penalty).
+    pub capacity: f64,
+    pub rate: f64,
     /// The store saw this bucket in this decision (a refusal from the replica-local deny
     /// cache knows only the bucket that refused).
     pub observed: bool,
@@ -55,7 +69,18 @@ impl Verdict {
                 (charge.cost - tokens) / charge.rate
             },
             full_in: ((charge.capacity - tokens) / charge.rate).max(0.0),
+            capacity: charge.capacity,
+            rate: charge.rate,
             observed: true,
+        }
+    }
+
+    /// `charge` with the capacity and rate that were in force for this bucket.
+    pub fn in_force(&self, charge: &Charge) -> Charge {
+        Charge {
+            capacity: self.capacity,
+            rate: self.rate,
+            ..*charge
         }
     }
 
@@ -66,6 +91,8 @@ impl Verdict {
             tokens: 0.0,
             wait: 0.0,
             full_in: 0.0,
+            capacity: 0.0,
+            rate: 0.0,
             observed: false,
         }
     }
@@ -108,6 +135,8 @@ pub fn decide(
             tokens,
             wait,
             full_in: 0.0,
+            capacity: charge.capacity,
+            rate: charge.rate,
             observed: true,
         });
     }
@@ -126,6 +155,22 @@ pub fn decide(
         });
     }
     admitted
+}
+
+/// Charges `extra` tokens after the response (`charge_on_status`). The bucket may go into
+/// debt, down to `-capacity`: an expensive outcome is not free because the bucket was nearly
+/// empty, and the debt must refill before the next admit.
+pub fn charge_after(
+    state: Option<BucketState>,
+    charge: &Charge,
+    extra: f64,
+    now: Timestamp,
+) -> BucketState {
+    let tokens = tokens_at(state, charge, now);
+    BucketState {
+        tokens: (tokens - extra).max(-charge.capacity),
+        updated: now,
+    }
 }
 
 #[cfg(test)]
@@ -244,6 +289,26 @@ mod tests {
         assert!(!verdicts[1].sufficient, "but it reports that it would have");
         assert_eq!(verdicts[1].tokens, 0.0);
         assert_eq!(states[0].unwrap().tokens, 8.0);
+    }
+
+    #[test]
+    fn outcome_charges_may_go_into_debt_down_to_minus_capacity() {
+        let c = charge(10.0, 1.0, 1.0);
+        let state = charge_after(
+            Some(BucketState {
+                tokens: 2.0,
+                updated: at(0.0),
+            }),
+            &c,
+            5.0,
+            at(0.0),
+        );
+        assert_eq!(state.tokens, -3.0);
+        let (admitted, verdicts) = run(&[c], &mut [Some(state)], at(3.5));
+        assert!(!admitted, "the debt refills first");
+        assert!((verdicts[0].wait - 0.5).abs() < 1e-9);
+        let floor = charge_after(Some(state), &c, 100.0, at(0.0));
+        assert_eq!(floor.tokens, -10.0);
     }
 
     #[test]

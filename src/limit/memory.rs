@@ -13,19 +13,53 @@ use std::sync::Once;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::bucket::{self, BucketState};
+use super::adaptive::{AdaptiveParams, AdaptiveState};
+use super::bucket::{self, BucketState, Charge};
 use super::clock::{Clock, Timestamp};
-use super::{BucketKey, BucketRequest, Decision};
+use super::{BucketKey, BucketRequest, Decision, OutcomeRequest};
 
 /// Buckets per shard before one is considered for its own lock.
 const KEYS_PER_SHARD_TARGET: usize = 4096;
 const MAX_SHARDS: usize = 64;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Entry {
     state: BucketState,
-    /// When the bucket will be full again: from then on it can be dropped.
+    /// When the bucket will be full again and its adaptive state no longer matters: from
+    /// then on it can be dropped.
     full_at: Timestamp,
+    /// Only for keys of adaptive limits that have seen errors.
+    adaptive: Option<Box<AdaptiveState>>,
+}
+
+impl Entry {
+    /// The key's capacity and rate now, after any adaptive penalty.
+    fn effective(
+        &self,
+        charge: &Charge,
+        params: Option<&AdaptiveParams>,
+        now: Timestamp,
+    ) -> Charge {
+        match (params, self.adaptive.as_deref()) {
+            (Some(params), Some(adaptive)) => {
+                charge.scaled(adaptive.multiplier(params, charge.capacity, now))
+            }
+            _ => *charge,
+        }
+    }
+
+    fn keep_until(
+        &self,
+        full_in: f64,
+        params: Option<&AdaptiveParams>,
+        now: Timestamp,
+    ) -> Timestamp {
+        let full_at = now.after(full_in);
+        match (params, self.adaptive.as_deref()) {
+            (Some(params), Some(adaptive)) => full_at.max(adaptive.relevant_until(params)),
+            _ => full_at,
+        }
+    }
 }
 
 /// Bucket ids are already uniformly distributed hashes; hashing them again is waste.
@@ -108,58 +142,150 @@ impl MemoryStore {
         ((id >> 40) as usize) & (self.shards.len() - 1)
     }
 
-    /// Decides under the locks of every shard involved, taken in index order so that two
-    /// requests can never wait on each other.
+    /// Runs `work` under the locks of every shard holding one of `ids`, taken in index order
+    /// so that two requests can never wait on each other. `work` gets the locked shards and,
+    /// per id, the position of its shard among them.
+    fn locked<R>(
+        &self,
+        ids: &[u64],
+        work: impl FnOnce(&mut [(usize, MutexGuard<'_, Shard>)], &[usize]) -> R,
+    ) -> R {
+        let mut shard_indexes: Vec<usize> = ids.iter().map(|id| self.shard_of(*id)).collect();
+        shard_indexes.sort_unstable();
+        shard_indexes.dedup();
+        let positions: Vec<usize> = ids
+            .iter()
+            .map(|id| {
+                shard_indexes
+                    .binary_search(&self.shard_of(*id))
+                    .unwrap_or_default()
+            })
+            .collect();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = shard_indexes
+            .iter()
+            .map(|index| (*index, self.shards[*index].lock()))
+            .collect();
+        work(&mut guards, &positions)
+    }
+
+    /// Decides a request against all of its buckets (see [`bucket::decide`]), each with its
+    /// key's adaptive penalty applied.
     pub fn decide(&self, requests: &[BucketRequest]) -> Decision {
         let now = self.clock.now();
         let ids: Vec<u64> = requests
             .iter()
             .map(|request| self.id(&request.key))
             .collect();
-        let mut shard_indexes: Vec<usize> = ids.iter().map(|id| self.shard_of(*id)).collect();
-        shard_indexes.sort_unstable();
-        shard_indexes.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = shard_indexes
-            .iter()
-            .map(|index| (*index, self.shards[*index].lock()))
-            .collect();
-        let shard_for = |id: u64| -> usize {
-            let index = self.shard_of(id);
-            guards
+        self.locked(&ids, |guards, positions| {
+            let mut states = Vec::with_capacity(requests.len());
+            let mut charges = Vec::with_capacity(requests.len());
+            for ((request, id), position) in requests.iter().zip(&ids).zip(positions) {
+                let entry = guards[*position].1.get(id);
+                states.push(entry.map(|entry| entry.state));
+                charges.push(entry.map_or(request.charge, |entry| {
+                    entry.effective(&request.charge, request.adaptive.as_ref(), now)
+                }));
+            }
+            let mut verdicts = Vec::with_capacity(requests.len());
+            let admitted = bucket::decide(&charges, &mut states, now, &mut verdicts);
+            for (((request, id), position), (state, verdict)) in requests
                 .iter()
-                .position(|(held, _)| *held == index)
-                .unwrap_or_default()
-        };
-        let positions: Vec<usize> = ids.iter().map(|id| shard_for(*id)).collect();
+                .zip(&ids)
+                .zip(positions)
+                .zip(states.iter().zip(&verdicts))
+            {
+                let Some(state) = state else { continue };
+                self.store_state(
+                    &mut guards[*position].1,
+                    *id,
+                    *state,
+                    verdict.full_in,
+                    request.adaptive.as_ref(),
+                    now,
+                );
+            }
+            Decision { admitted, verdicts }
+        })
+    }
 
-        let mut states: Vec<Option<BucketState>> = ids
+    /// Applies outcome charges and counts adaptive errors; returns whether each key tripped.
+    pub fn record_outcomes(&self, requests: &[OutcomeRequest]) -> Vec<bool> {
+        let now = self.clock.now();
+        let ids: Vec<u64> = requests
             .iter()
-            .zip(&positions)
-            .map(|(id, position)| guards[*position].1.get(id).map(|entry| entry.state))
+            .map(|request| self.id(&request.key))
             .collect();
-        let charges: Vec<bucket::Charge> = requests.iter().map(|request| request.charge).collect();
-        let mut verdicts = Vec::with_capacity(requests.len());
-        let admitted = bucket::decide(&charges, &mut states, now, &mut verdicts);
+        self.locked(&ids, |guards, positions| {
+            let mut tripped = Vec::with_capacity(requests.len());
+            for ((request, id), position) in requests.iter().zip(&ids).zip(positions) {
+                let shard = &mut guards[*position].1;
+                let params = request.adaptive.as_ref();
+                let mut entry = shard.remove(id).unwrap_or(Entry {
+                    state: BucketState {
+                        tokens: request.charge.capacity,
+                        updated: now,
+                    },
+                    full_at: now,
+                    adaptive: None,
+                });
+                let mut charge = entry.effective(&request.charge, params, now);
+                let mut state =
+                    bucket::charge_after(Some(entry.state), &charge, request.charge.cost, now);
+                let mut trip = false;
+                if let (true, Some(params)) = (request.error, params) {
+                    let adaptive = entry.adaptive.get_or_insert_with(Box::default);
+                    trip = adaptive.record_error(params, now);
+                    charge = entry.effective(&request.charge, Some(params), now);
+                    state.tokens = state.tokens.min(charge.capacity);
+                }
+                tripped.push(trip);
+                let full_in = ((charge.capacity - state.tokens) / charge.rate).max(0.0);
+                entry.state = state;
+                let keep_until = entry.keep_until(full_in, params, now);
+                if keep_until > now {
+                    entry.full_at = keep_until;
+                    if shard.len() >= self.keys_per_shard {
+                        self.make_room(shard, now);
+                    }
+                    shard.insert(*id, entry);
+                }
+            }
+            tripped
+        })
+    }
 
-        for ((id, position), (state, verdict)) in
-            ids.iter().zip(&positions).zip(states.iter().zip(&verdicts))
-        {
-            let shard = &mut guards[*position].1;
-            let Some(state) = state else { continue };
-            if verdict.full_in <= 0.0 {
-                shard.remove(id);
-                continue;
+    /// Writes a bucket's state after a decision, or drops it when it carries nothing.
+    fn store_state(
+        &self,
+        shard: &mut Shard,
+        id: u64,
+        state: BucketState,
+        full_in: f64,
+        params: Option<&AdaptiveParams>,
+        now: Timestamp,
+    ) {
+        if let Some(entry) = shard.get_mut(&id) {
+            entry.state = state;
+            entry.full_at = entry.keep_until(full_in, params, now);
+            if entry.full_at <= now {
+                shard.remove(&id);
             }
-            let entry = Entry {
-                state: *state,
-                full_at: now.after(verdict.full_in),
-            };
-            if shard.len() >= self.keys_per_shard && !shard.contains_key(id) {
-                self.make_room(shard, now);
-            }
-            shard.insert(*id, entry);
+            return;
         }
-        Decision { admitted, verdicts }
+        if full_in <= 0.0 {
+            return;
+        }
+        if shard.len() >= self.keys_per_shard {
+            self.make_room(shard, now);
+        }
+        shard.insert(
+            id,
+            Entry {
+                state,
+                full_at: now.after(full_in),
+                adaptive: None,
+            },
+        );
     }
 
     /// Frees at least an eighth of a full shard: full buckets first, then the fullest.
@@ -213,7 +339,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::limit::{Charge, KeyPart};
+    use crate::limit::KeyPart;
 
     fn request(limit: &str, who: u8, capacity: f64, rate: f64, cost: f64) -> BucketRequest {
         BucketRequest {
@@ -228,6 +354,7 @@ mod tests {
                 cost,
                 enforce: true,
             },
+            adaptive: None,
         }
     }
 

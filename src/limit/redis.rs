@@ -26,11 +26,12 @@ use redis::Script;
 use super::breaker::{Breaker, Permit};
 use super::clock::Clock;
 use super::deny_cache::DenyCache;
-use super::{BucketRequest, Decision, StoreError, Verdict};
+use super::{AdaptiveParams, BucketRequest, Charge, Decision, OutcomeRequest, StoreError, Verdict};
 use crate::config::RedisSettings;
 
 const DECIDE: &str = include_str!("decide.lua");
 const REFUND: &str = include_str!("refund.lua");
+const OUTCOME: &str = include_str!("outcome.lua");
 
 enum Connection {
     Single(ConnectionManager),
@@ -50,6 +51,7 @@ pub struct RedisStore {
     timeout: Duration,
     decide: Script,
     refund: Script,
+    outcome: Script,
     breaker: Breaker,
     deny_cache: DenyCache,
     clock: Clock,
@@ -72,8 +74,8 @@ impl std::fmt::Debug for RedisStore {
 /// The reply of one `decide.lua` call for one group of buckets.
 struct GroupReply {
     admitted: bool,
-    /// (tokens after, sufficient) per bucket of the group.
-    buckets: Vec<(f64, bool)>,
+    /// (tokens after, sufficient, adaptive multiplier) per bucket of the group.
+    buckets: Vec<(f64, bool, f64)>,
 }
 
 impl RedisStore {
@@ -110,6 +112,7 @@ impl RedisStore {
             timeout: settings.timeout,
             decide: Script::new(DECIDE),
             refund: Script::new(REFUND),
+            outcome: Script::new(OUTCOME),
             breaker: Breaker::new(clock.clone()),
             deny_cache: DenyCache::default(),
             clock,
@@ -220,19 +223,20 @@ impl RedisStore {
             if reply.admitted {
                 charged_groups.push(group);
             }
-            for (index, (tokens, sufficient)) in group.iter().zip(reply.buckets) {
-                verdicts[*index] = Verdict::observed(&requests[*index].charge, tokens, sufficient);
+            for (index, (tokens, sufficient, multiplier)) in group.iter().zip(reply.buckets) {
+                let charge = requests[*index].charge.scaled(multiplier);
+                verdicts[*index] = Verdict::observed(&charge, tokens, sufficient);
             }
         }
         if !admitted && !charged_groups.is_empty() {
             // Another slot refused: give back what the admitting slots charged.
             let refunds = charged_groups.iter().map(|group| {
-                let charged: Vec<usize> = group
+                let charged: Vec<(usize, Charge)> = group
                     .iter()
-                    .copied()
-                    .filter(|index| verdicts[*index].sufficient)
+                    .filter(|index| verdicts[**index].sufficient)
+                    .map(|index| (*index, verdicts[*index].in_force(&requests[*index].charge)))
                     .collect();
-                self.call_refund(requests, keys, charged)
+                self.call_refund(keys, charged)
             });
             for result in join_all(refunds).await {
                 result?;
@@ -241,11 +245,8 @@ impl RedisStore {
                 for index in group {
                     let verdict = &mut verdicts[*index];
                     if verdict.sufficient {
-                        *verdict = Verdict::observed(
-                            &requests[*index].charge,
-                            verdict.tokens + requests[*index].charge.cost,
-                            true,
-                        );
+                        let charge = verdict.in_force(&requests[*index].charge);
+                        *verdict = Verdict::observed(&charge, verdict.tokens + charge.cost, true);
                     }
                 }
             }
@@ -261,13 +262,19 @@ impl RedisStore {
     ) -> Result<GroupReply, StoreError> {
         let mut invocation = self.decide.prepare_invoke();
         for index in group {
-            let charge = &requests[*index].charge;
+            let request = &requests[*index];
+            let charge = &request.charge;
+            let (factor, min_capacity) = request
+                .adaptive
+                .map_or((0.0, 0.0), |params| (params.factor, params.min_capacity));
             invocation
                 .key(&keys[*index])
                 .arg(charge.capacity)
                 .arg(charge.rate)
                 .arg(charge.cost)
-                .arg(if charge.enforce { 1 } else { 0 });
+                .arg(if charge.enforce { 1 } else { 0 })
+                .arg(factor)
+                .arg(min_capacity);
         }
         let reply: Vec<String> = match &self.connection {
             Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
@@ -277,18 +284,17 @@ impl RedisStore {
         parse_decide_reply(&reply, group.len())
     }
 
+    /// Gives back the cost of each `(bucket, charge in force)`.
     async fn call_refund(
         &self,
-        requests: &[BucketRequest],
         keys: &[String],
-        charged: Vec<usize>,
+        charged: Vec<(usize, Charge)>,
     ) -> Result<(), StoreError> {
         if charged.is_empty() {
             return Ok(());
         }
         let mut invocation = self.refund.prepare_invoke();
-        for index in &charged {
-            let charge = &requests[*index].charge;
+        for (index, charge) in &charged {
             invocation
                 .key(&keys[*index])
                 .arg(charge.capacity)
@@ -301,6 +307,87 @@ impl RedisStore {
         }
         .map_err(|error| StoreError::Redis(error.to_string()))?;
         Ok(())
+    }
+
+    /// Applies outcome charges and adaptive errors (`outcome.lua`, one call per slot);
+    /// returns whether each key tripped.
+    pub async fn record_outcomes(
+        &self,
+        requests: &[OutcomeRequest],
+    ) -> Result<Vec<bool>, StoreError> {
+        if self.breaker.permit() == Permit::Refused {
+            return Err(StoreError::Unavailable);
+        }
+        let keys: Vec<String> = requests
+            .iter()
+            .map(|request| format!("{}{}", self.prefix, request.key))
+            .collect();
+        let groups = match &self.connection {
+            Connection::Single(_) => vec![(0..requests.len()).collect::<Vec<usize>>()],
+            Connection::Cluster(_) => group_by_slot(&keys),
+        };
+        let calls = join_all(
+            groups
+                .iter()
+                .map(|group| self.call_outcome(requests, &keys, group)),
+        );
+        let replies = match tokio::time::timeout(self.timeout, calls).await {
+            Ok(replies) => replies,
+            Err(_) => {
+                self.breaker.failure();
+                return Err(StoreError::Timeout);
+            }
+        };
+        let mut tripped = vec![false; requests.len()];
+        for (group, reply) in groups.iter().zip(replies) {
+            let reply = reply.inspect_err(|_| self.breaker.failure())?;
+            if reply.len() != group.len() {
+                return Err(StoreError::Redis(format!(
+                    "unexpected outcome reply {reply:?}"
+                )));
+            }
+            for (index, flag) in group.iter().zip(reply) {
+                tripped[*index] = flag == "1";
+            }
+        }
+        self.breaker.success();
+        Ok(tripped)
+    }
+
+    async fn call_outcome(
+        &self,
+        requests: &[OutcomeRequest],
+        keys: &[String],
+        group: &[usize],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut invocation = self.outcome.prepare_invoke();
+        for index in group {
+            let request = &requests[*index];
+            let charge = &request.charge;
+            let adaptive = request.adaptive.unwrap_or(AdaptiveParams {
+                threshold: 1,
+                window: 0.0,
+                factor: 0.0,
+                min_capacity: 0.0,
+                hold: 0.0,
+            });
+            invocation
+                .key(&keys[*index])
+                .arg(charge.capacity)
+                .arg(charge.rate)
+                .arg(charge.cost)
+                .arg(if request.error { 1 } else { 0 })
+                .arg(adaptive.threshold)
+                .arg((adaptive.window * 1e6).round() as i64)
+                .arg(adaptive.factor)
+                .arg(adaptive.min_capacity)
+                .arg((adaptive.hold * 1e6).round() as i64);
+        }
+        match &self.connection {
+            Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
+            Connection::Cluster(_) => invocation.invoke_async(&mut self.cluster().await?).await,
+        }
+        .map_err(|error| StoreError::Redis(error.to_string()))
     }
 
     async fn cluster(&self) -> Result<ClusterConnection, StoreError> {
@@ -349,18 +436,14 @@ impl RedisStore {
 
 fn parse_decide_reply(reply: &[String], buckets: usize) -> Result<GroupReply, StoreError> {
     let malformed = || StoreError::Redis(format!("unexpected script reply {reply:?}"));
-    if reply.len() != 1 + 2 * buckets {
+    if reply.len() != 1 + 3 * buckets {
         return Err(malformed());
     }
     let admitted = reply[0] == "1";
+    let number = |text: &String| text.parse::<f64>().map_err(|_| malformed());
     let buckets = reply[1..]
-        .chunks(2)
-        .map(|pair| {
-            Ok((
-                pair[0].parse::<f64>().map_err(|_| malformed())?,
-                pair[1] == "1",
-            ))
-        })
+        .chunks(3)
+        .map(|bucket| Ok((number(&bucket[0])?, bucket[1] == "1", number(&bucket[2])?)))
         .collect::<Result<Vec<_>, StoreError>>()?;
     Ok(GroupReply { admitted, buckets })
 }
@@ -440,12 +523,14 @@ mod tests {
 
     #[test]
     fn replies_are_parsed_strictly() {
-        let reply: Vec<String> = ["1", "4.5", "1", "0", "0"].map(String::from).to_vec();
+        let reply: Vec<String> = ["1", "4.5", "1", "1", "0", "0", "0.5"]
+            .map(String::from)
+            .to_vec();
         let parsed = parse_decide_reply(&reply, 2).unwrap();
         assert!(parsed.admitted);
-        assert_eq!(parsed.buckets, vec![(4.5, true), (0.0, false)]);
+        assert_eq!(parsed.buckets, vec![(4.5, true, 1.0), (0.0, false, 0.5)]);
         assert!(parse_decide_reply(&reply, 3).is_err());
-        let garbage: Vec<String> = ["1", "x", "1"].map(String::from).to_vec();
+        let garbage: Vec<String> = ["1", "x", "1", "1"].map(String::from).to_vec();
         assert!(parse_decide_reply(&garbage, 1).is_err());
     }
 }

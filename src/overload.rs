@@ -5,7 +5,7 @@
 //! Load is local, so this is per replica: each replica protects the upstream from its own
 //! share of the traffic.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::config::Overload;
@@ -33,13 +33,18 @@ pub fn is_overloaded(overload: &Overload, inflight: u64, latency: Duration) -> b
             .is_some_and(|target| latency > target)
 }
 
+/// Ticks without a sample and without a request in flight before latency evidence fades.
+const QUIET_TICKS: u64 = 10;
+
 /// Upstream load as the gateway sees it, and the factor it implies.
 #[derive(Debug)]
 pub struct LoadMonitor {
     inflight: AtomicU64,
     /// Moving average of upstream latency, in seconds (f64 bits).
     latency: AtomicU64,
-    samples: AtomicU64,
+    has_average: AtomicBool,
+    samples_since_tick: AtomicU64,
+    quiet_ticks: AtomicU64,
     /// The current load factor (f64 bits).
     factor: AtomicU64,
 }
@@ -49,7 +54,9 @@ impl Default for LoadMonitor {
         LoadMonitor {
             inflight: AtomicU64::new(0),
             latency: AtomicU64::new(0f64.to_bits()),
-            samples: AtomicU64::new(0),
+            has_average: AtomicBool::new(false),
+            samples_since_tick: AtomicU64::new(0),
+            quiet_ticks: AtomicU64::new(0),
             factor: AtomicU64::new(1f64.to_bits()),
         }
     }
@@ -79,7 +86,8 @@ impl LoadMonitor {
     /// Adds one upstream latency sample to the moving average.
     pub fn observe(&self, latency: Duration) {
         let sample = latency.as_secs_f64();
-        let first = self.samples.fetch_add(1, Ordering::Relaxed) == 0;
+        let first = !self.has_average.swap(true, Ordering::Relaxed);
+        self.samples_since_tick.fetch_add(1, Ordering::Relaxed);
         let _ = self
             .latency
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
@@ -98,22 +106,23 @@ impl LoadMonitor {
     }
 
     /// Re-evaluates the load `elapsed` seconds after the previous tick and returns the factor.
-    /// Without new samples, the latency evidence fades (halves each tick), so an upstream
-    /// that nobody calls any more is not held overloaded forever.
+    /// When the upstream has been idle for a while (no sample, nothing in flight), the latency
+    /// evidence fades (halves each tick), so an upstream nobody calls any more is not held
+    /// overloaded forever.
     pub fn tick(&self, overload: Option<&Overload>, elapsed: f64) -> f64 {
         let Some(overload) = overload else {
             self.factor.store(1f64.to_bits(), Ordering::Relaxed);
             return 1.0;
         };
-        if self.samples.swap(0, Ordering::Relaxed) == 0 {
+        let idle = self.inflight.load(Ordering::Relaxed) == 0;
+        if self.samples_since_tick.swap(0, Ordering::Relaxed) > 0 || !idle {
+            self.quiet_ticks.store(0, Ordering::Relaxed);
+        } else if self.quiet_ticks.fetch_add(1, Ordering::Relaxed) + 1 >= QUIET_TICKS {
             let _ = self
                 .latency
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
                     Some((f64::from_bits(bits) / 2.0).to_bits())
                 });
-        } else {
-            // The next sample continues the average rather than restarting it.
-            self.samples.store(1, Ordering::Relaxed);
         }
         let overloaded = is_overloaded(
             overload,
@@ -174,6 +183,18 @@ mod tests {
         monitor.tick(Some(&OVERLOAD), 0.1);
         assert!(monitor.latency() < Duration::from_millis(250));
         let mut factor = monitor.factor();
+        for _ in 0..200 {
+            factor = monitor.tick(Some(&OVERLOAD), 0.1);
+        }
+        assert_eq!(factor, 1.0);
+        // Slow samples with nothing newer: held overloaded while requests are in flight,
+        // forgotten once the upstream has been idle for a while.
+        monitor.observe(Duration::from_secs(10));
+        let stuck = monitor.start_request();
+        for _ in 0..50 {
+            assert_eq!(monitor.tick(Some(&OVERLOAD), 0.1), 0.5);
+        }
+        drop(stuck);
         for _ in 0..200 {
             factor = monitor.tick(Some(&OVERLOAD), 0.1);
         }

@@ -1267,6 +1267,22 @@ pub(super) fn summary(policy: &Policy) -> String {
         if !limit.exempt.is_empty() {
             notes.push(format!("{} exempt network(s)", limit.exempt.len()));
         }
+        if let Some(adaptive) = &limit.adaptive {
+            let statuses: Vec<String> = adaptive.on_status.iter().map(u16::to_string).collect();
+            let params = adaptive.params;
+            notes.push(format!(
+                "adaptive: {} × {} within {} → ×{} (min {}) for {}",
+                params.threshold,
+                statuses.join("/"),
+                humantime::format_duration(Duration::from_secs_f64(params.window)),
+                params.factor,
+                params.min_capacity,
+                humantime::format_duration(Duration::from_secs_f64(params.hold)),
+            ));
+        }
+        for (status, tokens) in &limit.charge_on_status {
+            notes.push(format!("{status} costs +{tokens}"));
+        }
         let _ = writeln!(
             out,
             "  {:<16} {:<30} {:>9} {:>14} {:>12}  {}",
@@ -1279,6 +1295,24 @@ pub(super) fn summary(policy: &Policy) -> String {
             ))
             .to_string(),
             notes.join(", ")
+        );
+    }
+    if let Some(overload) = &policy.overload {
+        let mut triggers = Vec::new();
+        if let Some(max) = overload.max_inflight {
+            triggers.push(format!("more than {max} upstream requests in flight"));
+        }
+        if let Some(target) = overload.latency_target {
+            triggers.push(format!(
+                "upstream latency above {}",
+                humantime::format_duration(target)
+            ));
+        }
+        let _ = writeln!(
+            out,
+            "\noverload: every rate × {} while {} (per replica)",
+            overload.factor,
+            triggers.join(" or ")
         );
     }
     let upstreams: BTreeMap<&str, String> = policy

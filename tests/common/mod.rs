@@ -2,7 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,10 +29,14 @@ type TestBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
 /// - `/slow`: answers after 5 s;
 /// - `/echo-body`: streams the request body back;
 /// - `/ws`: switches protocols and echoes bytes;
+/// - `/auth`: 401 when the body contains "wrong", else 200;
+/// - `/missing/...`: 404;
+/// - `/delayed`: answers after `delay_ms`;
 /// - anything else: 200 with a JSON description of the request it received.
 pub struct Upstream {
     pub address: SocketAddr,
     pub hits: Arc<AtomicUsize>,
+    pub delay_ms: Arc<AtomicU64>,
 }
 
 pub async fn start_upstream() -> Upstream {
@@ -41,17 +45,21 @@ pub async fn start_upstream() -> Upstream {
         .expect("bind upstream");
     let address = listener.local_addr().expect("upstream address");
     let hits = Arc::new(AtomicUsize::new(0));
-    let counter = hits.clone();
+    let delay_ms = Arc::new(AtomicU64::new(0));
+    let (counter, delay) = (hits.clone(), delay_ms.clone());
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let counter = counter.clone();
+            let (counter, delay) = (counter.clone(), delay.clone());
             tokio::spawn(async move {
                 let service = service_fn(move |request: Request<Incoming>| {
                     counter.fetch_add(1, Ordering::SeqCst);
-                    async move { Ok::<_, std::convert::Infallible>(upstream_answer(request).await) }
+                    let delay = Duration::from_millis(delay.load(Ordering::SeqCst));
+                    async move {
+                        Ok::<_, std::convert::Infallible>(upstream_answer(request, delay).await)
+                    }
                 });
                 let _ = auto::Builder::new(TokioExecutor::new())
                     .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -59,11 +67,35 @@ pub async fn start_upstream() -> Upstream {
             });
         }
     });
-    Upstream { address, hits }
+    Upstream {
+        address,
+        hits,
+        delay_ms,
+    }
 }
 
-async fn upstream_answer(mut request: Request<Incoming>) -> Response<TestBody> {
+async fn upstream_answer(mut request: Request<Incoming>, delay: Duration) -> Response<TestBody> {
+    if request.uri().path().starts_with("/missing/") {
+        return text(StatusCode::NOT_FOUND, "no such page");
+    }
     match request.uri().path() {
+        "/auth" => {
+            let body = request
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            if String::from_utf8_lossy(&body).contains("wrong") {
+                text(StatusCode::UNAUTHORIZED, "wrong password")
+            } else {
+                text(StatusCode::OK, "welcome")
+            }
+        }
+        "/delayed" => {
+            tokio::time::sleep(delay).await;
+            text(StatusCode::OK, "eventually")
+        }
         "/slow" => {
             tokio::time::sleep(Duration::from_secs(5)).await;
             text(StatusCode::OK, "slow")

@@ -63,3 +63,17 @@ async fn answer(shared: &Shared, request: Request<Incoming>) -> Response<Body> {
         _ => respond::error(StatusCode::NOT_FOUND, "not_found", None),
     }
 }
+
+/// GETs `url` (plain HTTP) and returns the status: what `tollgate health` asks.
+pub async fn probe(url: &str, timeout: std::time::Duration) -> Result<u16, String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|error| format!("invalid url: {error}"))?;
+    let client: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
+    match tokio::time::timeout(timeout, client.get(uri)).await {
+        Ok(Ok(response)) => Ok(response.status().as_u16()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+    }
+}

@@ -43,6 +43,13 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Ask a running gateway's admin listener whether it is healthy (for container health
+    /// checks): exit 0 if /healthz answers 200 within two seconds, 1 otherwise.
+    Health {
+        /// The admin listener's /healthz (or /readyz).
+        #[arg(long, default_value = "http://127.0.0.1:9090/healthz")]
+        url: String,
+    },
     /// Run the gateway in front of a built-in echo upstream, with a demo policy.
     Demo {
         /// Public address of the demo gateway.
@@ -72,6 +79,7 @@ fn main() -> ExitCode {
             Command::Check { config } => Ok(check(&config.unwrap_or_else(config::default_path))),
             Command::Run { config } => run(config.unwrap_or_else(config::default_path)).await,
             Command::Demo { listen, admin } => demo(listen, admin).await,
+            Command::Health { url } => Ok(health(&url).await),
         }
     });
     match result {
@@ -148,6 +156,23 @@ async fn demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode>
         demo::instructions(gateway.addresses[0], gateway.admin_address)
     );
     serve_until_signal(&gateway).await
+}
+
+async fn health(url: &str) -> ExitCode {
+    match tollgate::admin::probe(url, std::time::Duration::from_secs(2)).await {
+        Ok(status) if status == 200 => {
+            println!("{url}: {status}");
+            ExitCode::SUCCESS
+        }
+        Ok(status) => {
+            eprintln!("{url}: {status}");
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("{url}: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// SIGHUP reloads; SIGTERM and SIGINT drain and exit 0.

@@ -273,3 +273,42 @@ async fn sigterm_during_a_slow_request_lets_it_finish_then_exits_0() {
     assert_eq!(slow.await.unwrap(), 200, "the in-flight request completed");
     assert_eq!(process.wait_exit(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_asks_the_admin_listener() {
+    let upstream = start_upstream().await;
+    let gateway = common::start_gateway(
+        &policy(upstream.address, 1).replace(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+            "",
+        ),
+        upstream.address,
+    )
+    .await;
+    let binary = env!("CARGO_BIN_EXE_tollgate");
+    let healthy = format!("http://{}/healthz", gateway.admin_address);
+    let status = tokio::process::Command::new(binary)
+        .args(["health", "--url", &healthy])
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let missing = format!("http://{}/nothing-here", gateway.admin_address);
+    let status = tokio::process::Command::new(binary)
+        .args(["health", "--url", &missing])
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "404 is not healthy");
+    let closed = common::redis_server::free_port();
+    let status = tokio::process::Command::new(binary)
+        .args([
+            "health",
+            "--url",
+            &format!("http://127.0.0.1:{closed}/healthz"),
+        ])
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(1));
+}

@@ -21,6 +21,9 @@ struct Cli {
     /// Log format on stderr.
     #[arg(long, value_enum, global = true, default_value = "text")]
     log_format: LogFormat,
+    /// Threads serving requests (default: one per core).
+    #[arg(long, global = true, env = "TOLLGATE_WORKER_THREADS", value_name = "N")]
+    worker_threads: Option<std::num::NonZeroUsize>,
     #[command(subcommand)]
     command: Command,
 }
@@ -64,10 +67,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = cli.worker_threads {
+        builder.worker_threads(threads.get());
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("tollgate: cannot start the async runtime: {error}");

@@ -31,11 +31,24 @@ use crate::upstream::{self, ForwardError, OutgoingBody};
 use crate::{path, route, Body, Runtime, Shared};
 
 /// What the gateway knows of the connection a request came on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Connection {
     pub peer: IpAddr,
+    /// The peer as an `X-Forwarded-For` entry, rendered once per connection.
+    pub peer_header: HeaderValue,
     /// `X-Forwarded-Proto` for the upstream.
     pub proto: &'static str,
+}
+
+impl Connection {
+    pub fn new(peer: IpAddr, proto: &'static str) -> Connection {
+        let peer = peer.to_canonical();
+        Connection {
+            peer,
+            peer_header: upstream::peer_header(peer),
+            proto,
+        }
+    }
 }
 
 /// Serves requests against the current policy. Cheap to clone.
@@ -302,7 +315,7 @@ impl Gateway {
         }
         upstream::rewrite_request_headers(
             &mut parts.headers,
-            connection.peer,
+            &connection.peer_header,
             connection.proto,
             host.as_ref(),
             upgrade,
@@ -482,11 +495,15 @@ fn check_request(
         return Err(Refusal::MethodNotAllowed);
     }
     let headers = request.headers();
+    let uri = request.uri();
     let header_bytes: usize = headers
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum::<usize>()
-        + request.uri().to_string().len();
+        + uri.path_and_query().map_or(0, |pq| pq.as_str().len())
+        + uri
+            .authority()
+            .map_or(0, |authority| authority.as_str().len());
     if header_bytes > max_header_bytes {
         return Err(Refusal::HeaderFieldsTooLarge);
     }
@@ -577,6 +594,9 @@ async fn buffer_body(headers: &HeaderMap, body: Incoming, max: usize) -> Result<
 }
 
 fn access_log(exchange: &Exchange, status: StatusCode) {
+    if !tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
+        return;
+    }
     let outcome = exchange.outcome.map_or("", Outcome::as_str);
     let client = exchange
         .client

@@ -130,8 +130,12 @@ impl Shared {
             }
         }
         let sequence = self.request_counter.fetch_add(1, Ordering::Relaxed);
-        HeaderValue::from_str(&format!("{:016x}{sequence:016x}", self.request_id_prefix))
-            .unwrap_or_else(|_| HeaderValue::from_static("-"))
+        let id = (u128::from(self.request_id_prefix) << 64) | u128::from(sequence);
+        let mut hex = [0u8; 32];
+        for (index, digit) in hex.iter_mut().enumerate() {
+            *digit = b"0123456789abcdef"[((id >> (124 - 4 * index)) & 0xf) as usize];
+        }
+        HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("-"))
     }
 }
 

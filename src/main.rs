@@ -67,10 +67,16 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = cli.worker_threads {
-        builder.worker_threads(threads.get());
-    }
+    // One thread needs no work stealing: the single-threaded scheduler does less per task.
+    let mut builder = match cli.worker_threads.map(std::num::NonZeroUsize::get) {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(threads) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(threads);
+            builder
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {

@@ -52,10 +52,7 @@ pub(crate) async fn serve(
             (settings.idle_timeout, settings.header_read_timeout);
         gateway.shared.tasks.clone().spawn(async move {
             if !tls {
-                let connection = Connection {
-                    peer,
-                    proto: "http",
-                };
+                let connection = Connection::new(peer, "http");
                 return serve_connection(
                     stream,
                     connection,
@@ -71,10 +68,7 @@ pub(crate) async fn serve(
             };
             match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => {
-                    let connection = Connection {
-                        peer,
-                        proto: "https",
-                    };
+                    let connection = Connection::new(peer, "https");
                     serve_connection(stream, connection, gateway, builder, idle_timeout, shutdown)
                         .await;
                 }
@@ -116,13 +110,15 @@ async fn serve_connection<S>(
         inner: stream,
         activity: activity.clone(),
     });
+    let peer = connection.peer;
     let service = service_fn(move |request| {
-        let gateway = gateway.clone();
+        let (gateway, connection) = (gateway.clone(), connection.clone());
         async move { Ok::<_, std::convert::Infallible>(gateway.handle(request, connection).await) }
     });
     let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));
     let check_every = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
     let mut draining = *shutdown.borrow();
+    let (mut last_moves, mut quiet_since) = (activity.count(), Instant::now());
     if draining {
         conn.as_mut().graceful_shutdown();
     }
@@ -130,7 +126,7 @@ async fn serve_connection<S>(
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(error) = result {
-                    tracing::debug!(peer = %connection.peer, %error, "connection ended with an error");
+                    tracing::debug!(%peer, %error, "connection ended with an error");
                 }
                 break;
             }
@@ -139,7 +135,10 @@ async fn serve_connection<S>(
                 draining = true;
             }
             _ = tokio::time::sleep(check_every), if !draining => {
-                if activity.idle_for() >= idle_timeout {
+                let moves = activity.count();
+                if moves != last_moves {
+                    (last_moves, quiet_since) = (moves, Instant::now());
+                } else if quiet_since.elapsed() >= idle_timeout {
                     conn.as_mut().graceful_shutdown();
                     draining = true;
                 }
@@ -148,28 +147,25 @@ async fn serve_connection<S>(
     }
 }
 
-/// When a connection last moved bytes.
+/// Whether a connection moved bytes: a counter bumped on every read and write, compared
+/// between checks (cheaper than reading the clock on every I/O).
 struct Activity {
-    origin: Instant,
-    last_ms: AtomicU64,
+    moves: AtomicU64,
 }
 
 impl Activity {
     fn new() -> Activity {
         Activity {
-            origin: Instant::now(),
-            last_ms: AtomicU64::new(0),
+            moves: AtomicU64::new(0),
         }
     }
 
     fn touch(&self) {
-        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(now, Ordering::Relaxed);
+        self.moves.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn idle_for(&self) -> Duration {
-        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-        self.origin.elapsed().saturating_sub(last)
+    fn count(&self) -> u64 {
+        self.moves.load(Ordering::Relaxed)
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -84,6 +85,9 @@ impl UpstreamPool {
     /// Targets in the order to try them: round-robin, ones marked down last.
     fn order(&self) -> Vec<usize> {
         let count = self.settings.targets.len();
+        if count == 1 {
+            return vec![0];
+        }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
         let mut order: Vec<usize> = (0..count).map(|offset| (start + offset) % count).collect();
@@ -98,45 +102,71 @@ impl UpstreamPool {
         body: OutgoingBody,
     ) -> Result<Response<Incoming>, ForwardError> {
         let timeout = self.settings.timeout;
-        let exchange = async {
-            let order = self.order();
-            let mut body = Some(body);
-            let mut last_error = ForwardError::Connect("no upstream address".to_owned());
-            for (attempt, index) in order.iter().enumerate() {
-                let target = &self.settings.targets[*index];
-                let outgoing = match body.take() {
-                    Some(OutgoingBody::Buffered(bytes)) => {
-                        body = Some(OutgoingBody::Buffered(bytes.clone()));
-                        Full::new(bytes).map_err(|never| match never {}).boxed()
-                    }
-                    Some(OutgoingBody::Streamed(incoming)) => incoming.map_err(Into::into).boxed(),
-                    None => break,
-                };
-                let mut parts = request.clone();
-                parts.uri = target_uri(target, &request.uri);
-                parts.version = Version::HTTP_11;
-                match self
-                    .client
-                    .request(Request::from_parts(parts, outgoing))
-                    .await
-                {
-                    Ok(response) => return Ok(response),
-                    Err(error) if error.is_connect() => {
-                        self.down_until[*index].store(
-                            self.now_ms() + DOWN_FOR.as_millis() as u64,
-                            Ordering::Relaxed,
-                        );
-                        tracing::warn!(upstream = %self.settings.name, target = %target.url, attempt, error = %error_chain(&error), "upstream connect failed");
-                        last_error = ForwardError::Connect(error_chain(&error));
-                    }
-                    Err(error) => return Err(ForwardError::Exchange(error_chain(&error))),
-                }
-            }
-            Err(last_error)
-        };
-        tokio::time::timeout(timeout, exchange)
+        tokio::time::timeout(timeout, self.exchange(request, body))
             .await
             .unwrap_or(Err(ForwardError::Timeout(timeout)))
+    }
+
+    /// Tries the targets in round-robin order. Only a request whose body is in memory can be
+    /// sent again after a refused connection; the request head is copied only then.
+    async fn exchange(
+        &self,
+        mut request: http::request::Parts,
+        body: OutgoingBody,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        let order = self.order();
+        let (retry_body, mut body) = match body {
+            OutgoingBody::Buffered(bytes) if order.len() > 1 => {
+                (Some(bytes.clone()), Some(OutgoingBody::Buffered(bytes)))
+            }
+            body => (None, Some(body)),
+        };
+        let path_and_query = request
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        request.version = Version::HTTP_11;
+        let mut last_error = ForwardError::Connect("no upstream address".to_owned());
+        for (attempt, index) in order.iter().enumerate() {
+            let target = &self.settings.targets[*index];
+            let outgoing = match body.take() {
+                Some(OutgoingBody::Buffered(bytes)) => {
+                    Full::new(bytes).map_err(|never| match never {}).boxed()
+                }
+                Some(OutgoingBody::Streamed(incoming)) => incoming.map_err(Into::into).boxed(),
+                None => break,
+            };
+            let retry = match &retry_body {
+                Some(bytes) if attempt + 1 < order.len() => {
+                    body = Some(OutgoingBody::Buffered(bytes.clone()));
+                    Some(request.clone())
+                }
+                _ => None,
+            };
+            let mut parts = std::mem::replace(
+                &mut request,
+                retry.unwrap_or_else(|| Request::new(()).into_parts().0),
+            );
+            parts.uri = target_uri(target, &path_and_query);
+            match self
+                .client
+                .request(Request::from_parts(parts, outgoing))
+                .await
+            {
+                Ok(response) => return Ok(response),
+                Err(error) if error.is_connect() => {
+                    self.down_until[*index].store(
+                        self.now_ms() + DOWN_FOR.as_millis() as u64,
+                        Ordering::Relaxed,
+                    );
+                    tracing::warn!(upstream = %self.settings.name, target = %target.url, attempt, error = %error_chain(&error), "upstream connect failed");
+                    last_error = ForwardError::Connect(error_chain(&error));
+                }
+                Err(error) => return Err(ForwardError::Exchange(error_chain(&error))),
+            }
+        }
+        Err(last_error)
     }
 }
 
@@ -152,11 +182,13 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 }
 
 /// `target`'s scheme and authority, its base path, then the request's path and query.
-fn target_uri(target: &UpstreamTarget, request: &Uri) -> Uri {
-    let path_and_query = request.path_and_query().map_or("/", |pq| pq.as_str());
+fn target_uri(target: &UpstreamTarget, path_and_query: &PathAndQuery) -> Uri {
     let mut parts = target.url.clone().into_parts();
-    let joined = format!("{}{}", target.base_path, path_and_query);
-    parts.path_and_query = joined.parse().ok().or_else(|| "/".parse().ok());
+    parts.path_and_query = if target.base_path.is_empty() {
+        Some(path_and_query.clone())
+    } else {
+        format!("{}{path_and_query}", target.base_path).parse().ok()
+    };
     Uri::from_parts(parts).unwrap_or_else(|_| target.url.clone())
 }
 
@@ -174,6 +206,12 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// A peer address as an `X-Forwarded-For` entry (IPv4-mapped IPv6 written as IPv4).
+pub fn peer_header(peer: IpAddr) -> HeaderValue {
+    HeaderValue::from_str(&peer.to_canonical().to_string())
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
 
 /// Whether the request asks to switch protocols (WebSocket): `Upgrade` named in `Connection`.
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
@@ -213,28 +251,34 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 
 /// Prepares request headers for the upstream: hop-by-hop removed, the peer appended to
 /// `X-Forwarded-For`, `X-Forwarded-Proto`/`X-Forwarded-Host` set, the client's host kept.
+///
+/// `peer` is the TCP peer's address as a header value (rendered once per connection).
 pub fn rewrite_request_headers(
     headers: &mut HeaderMap,
-    peer: IpAddr,
+    peer: &HeaderValue,
     proto: &'static str,
     host: Option<&HeaderValue>,
     upgrade: bool,
 ) {
     remove_hop_by_hop(headers, upgrade);
-    let chain: Vec<&str> = headers
+    let mut chain = String::new();
+    for entry in headers
         .get_all(&X_FORWARDED_FOR)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .map(str::trim)
         .filter(|value| !value.is_empty())
-        .collect();
-    let peer = peer.to_canonical().to_string();
+    {
+        chain.push_str(entry);
+        chain.push_str(", ");
+    }
     let forwarded_for = if chain.is_empty() {
-        peer
+        Some(peer.clone())
     } else {
-        format!("{}, {peer}", chain.join(", "))
+        chain.push_str(peer.to_str().unwrap_or_default());
+        HeaderValue::from_str(&chain).ok()
     };
-    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+    if let Some(value) = forwarded_for {
         headers.insert(X_FORWARDED_FOR, value);
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
@@ -284,7 +328,7 @@ mod tests {
         let host = HeaderValue::from_static("shop.example.com");
         rewrite_request_headers(
             &mut headers,
-            "::ffff:10.0.0.1".parse().unwrap(),
+            &peer_header("::ffff:10.0.0.1".parse().unwrap()),
             "http",
             Some(&host),
             false,
@@ -301,7 +345,7 @@ mod tests {
             url: "http://127.0.0.1:3000/base/".parse().unwrap(),
             base_path: "/base".to_owned(),
         };
-        let uri = target_uri(&target, &"/login?next=%2F".parse().unwrap());
+        let uri = target_uri(&target, &PathAndQuery::from_static("/login?next=%2F"));
         assert_eq!(uri, "http://127.0.0.1:3000/base/login?next=%2F");
     }
 }

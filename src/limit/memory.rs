@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
 
 use super::adaptive::{AdaptiveParams, AdaptiveState};
 use super::bucket::{self, BucketState, Charge};
@@ -150,10 +151,11 @@ impl MemoryStore {
         ids: &[u64],
         work: impl FnOnce(&mut [(usize, MutexGuard<'_, Shard>)], &[usize]) -> R,
     ) -> R {
-        let mut shard_indexes: Vec<usize> = ids.iter().map(|id| self.shard_of(*id)).collect();
+        let mut shard_indexes: SmallVec<[usize; 4]> =
+            ids.iter().map(|id| self.shard_of(*id)).collect();
         shard_indexes.sort_unstable();
         shard_indexes.dedup();
-        let positions: Vec<usize> = ids
+        let positions: SmallVec<[usize; 4]> = ids
             .iter()
             .map(|id| {
                 shard_indexes
@@ -161,7 +163,7 @@ impl MemoryStore {
                     .unwrap_or_default()
             })
             .collect();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = shard_indexes
+        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 4]> = shard_indexes
             .iter()
             .map(|index| (*index, self.shards[*index].lock()))
             .collect();

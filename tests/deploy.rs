@@ -362,6 +362,18 @@ fn the_dockerfile_runs_the_documented_command_as_non_root() {
     }
     let ignore = std::fs::read_to_string(root().join(".dockerignore")).unwrap();
     assert!(ignore.lines().any(|line| line == "target"));
+    // The dependency layer builds against placeholder sources: every explicit target needs one.
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    for bench in regex_lite::Regex::new(r#"\[\[bench\]\]\s*name = "([a-z_]+)""#)
+        .unwrap()
+        .captures_iter(&manifest)
+    {
+        assert!(
+            dockerfile.contains(&format!("benches/{}.rs", &bench[1])),
+            "the Dockerfile stubs benches/{}.rs",
+            &bench[1]
+        );
+    }
     // The image's default policy is valid and listens where the Dockerfile says.
     let summary = check_policy(&root().join("config/tollgate.toml"));
     assert!(summary.contains("listen 0.0.0.0:8080"), "{summary}");

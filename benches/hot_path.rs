@@ -1,0 +1,180 @@
+//! Micro-benchmarks of the request path's pure parts: `cargo bench --bench hot_path`.
+
+use std::hint::black_box;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::{HeaderMap, Method};
+use tollgate::client_ip::{self, Trust};
+use tollgate::config::{HeaderMode, Policy};
+use tollgate::key::{self, KeyHasher, RequestFacts};
+use tollgate::limit::{BucketKey, BucketRequest, Charge, Clock, KeyPart, MemoryStore};
+use tollgate::respond::{self, LimitReport};
+use tollgate::{path, route};
+
+fn three_limit_policy() -> Policy {
+    Policy::parse(
+        "bench",
+        r#"
+        [upstreams.app]
+        url = "http://127.0.0.1:3000"
+        [limits.per_network]
+        key = "client_network"
+        capacity = 1e12
+        rate = "1000000000/s"
+        [limits.per_user]
+        key = { header = "x-user-id" }
+        capacity = 1e12
+        rate = "1000000000/s"
+        [limits.everyone]
+        key = "global"
+        capacity = 1e12
+        rate = "1000000000/s"
+        [[routes]]
+        name = "bench"
+        path_prefix = "/"
+        upstream = "app"
+        limits = ["per_network", "per_user", "everyone"]
+        "#,
+    )
+    .expect("bench policy")
+}
+
+fn decision(c: &mut Criterion) {
+    let store = MemoryStore::new(1_000_000, Clock::monotonic());
+    let charge = Charge {
+        capacity: 1e12,
+        rate: 1e9,
+        cost: 1.0,
+        enforce: true,
+    };
+    let bucket = |limit: &str, parts: Vec<KeyPart>| BucketRequest {
+        key: BucketKey {
+            limit: Arc::from(limit),
+            fingerprint: 1,
+            parts,
+        },
+        charge,
+        adaptive: None,
+    };
+    let requests = [
+        bucket(
+            "per_network",
+            vec![KeyPart::Network("203.0.113.0/24".parse().unwrap())],
+        ),
+        bucket("per_user", vec![KeyPart::Digest([7; 16])]),
+        bucket("everyone", vec![]),
+    ];
+    c.bench_function("memory store: one decision for a 3-limit route", |b| {
+        b.iter(|| black_box(store.decide(black_box(&requests))))
+    });
+}
+
+fn keys(c: &mut Criterion) {
+    let policy = three_limit_policy();
+    let hasher = KeyHasher::from_secret(b"bench secret value");
+    let mut headers = HeaderMap::new();
+    headers.insert("x-user-id", "user-4242".parse().unwrap());
+    let client: IpAddr = "2001:db8:1:2::77".parse().unwrap();
+    c.bench_function("key extraction: network, header, global", |b| {
+        b.iter(|| {
+            let facts = RequestFacts::new(client, &headers, None, None);
+            for limit in &policy.limits {
+                black_box(key::extract(limit, &facts, &hasher).unwrap());
+            }
+        })
+    });
+}
+
+fn client_address(c: &mut Criterion) {
+    let trust = Trust::Hops(2);
+    let peer: IpAddr = "10.0.0.2".parse().unwrap();
+    let chain = ["198.51.100.1, 203.0.113.9, 10.0.0.1"];
+    c.bench_function("client address: 3-hop chain", |b| {
+        b.iter(|| {
+            black_box(client_ip::resolve(&trust, peer, black_box(chain).iter().copied()).unwrap())
+        })
+    });
+}
+
+fn routing(c: &mut Criterion) {
+    let mut text = String::from("[upstreams.app]\nurl = \"http://127.0.0.1:3000\"\n");
+    for index in 0..50 {
+        text.push_str(&format!("[[routes]]\nname = \"r{index}\"\npath_prefix = \"/service{index}/\"\nupstream = \"app\"\n"));
+    }
+    let policy = Policy::parse("bench", &text).unwrap();
+    c.bench_function("route matching: last of 50 routes", |b| {
+        b.iter(|| {
+            black_box(route::find(
+                &policy.routes,
+                None,
+                &Method::GET,
+                black_box("/service49/items/7"),
+            ))
+        })
+    });
+}
+
+fn normalization(c: &mut Criterion) {
+    c.bench_function("path normalization: already normal", |b| {
+        b.iter(|| black_box(path::normalize(black_box("/api/v1/users/42/orders"))))
+    });
+    c.bench_function("path normalization: dot-segments and escapes", |b| {
+        b.iter(|| black_box(path::normalize(black_box("/api//v1/./users/%61bc/../42"))))
+    });
+}
+
+fn refusal(c: &mut Criterion) {
+    let reports = [
+        LimitReport {
+            name: "per_network",
+            capacity: 20.0,
+            rate: 1.0 / 30.0,
+            cost: 1.0,
+            tokens: 12.0,
+            full_in: 240.0,
+            wait: 0.0,
+            refused: false,
+        },
+        LimitReport {
+            name: "per_account",
+            capacity: 5.0,
+            rate: 1.0 / 120.0,
+            cost: 1.0,
+            tokens: 0.4,
+            full_in: 552.0,
+            wait: 72.0,
+            refused: true,
+        },
+        LimitReport {
+            name: "login_global",
+            capacity: 200.0,
+            rate: 50.0,
+            cost: 1.0,
+            tokens: 150.0,
+            full_in: 1.0,
+            wait: 0.0,
+            refused: false,
+        },
+    ];
+    c.bench_function("render a 429 (legacy headers)", |b| {
+        b.iter(|| {
+            black_box(respond::too_many_requests(
+                HeaderMode::Legacy,
+                black_box(&reports),
+            ))
+        })
+    });
+}
+
+criterion_group!(
+    benches,
+    decision,
+    keys,
+    client_address,
+    routing,
+    normalization,
+    refusal
+);
+criterion_main!(benches);

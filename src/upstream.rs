@@ -12,14 +12,15 @@ use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+
+mod connection_pool;
+
+use std::sync::Arc;
+
+use connection_pool::{ConnectionPool, PoolError};
 
 use crate::config::{Upstream, UpstreamTarget};
 use crate::tls;
-use crate::Body;
 
 /// How long an address that refused a connection is passed over by round-robin.
 const DOWN_FOR: Duration = Duration::from_secs(2);
@@ -46,7 +47,8 @@ pub enum OutgoingBody {
 #[derive(Debug)]
 pub struct UpstreamPool {
     pub settings: Upstream,
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    /// One pool of keep-alive connections per target.
+    pools: Vec<ConnectionPool>,
     next: AtomicUsize,
     origin: Instant,
     /// Per target: milliseconds since `origin` until which it is passed over.
@@ -56,23 +58,26 @@ pub struct UpstreamPool {
 impl UpstreamPool {
     /// Fails only when the configured CA file cannot be used.
     pub fn new(settings: &Upstream) -> Result<UpstreamPool, String> {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(settings.connect_timeout));
-        connector.set_nodelay(true);
-        connector.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls::client_config(settings.ca_file.as_deref())?)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(256)
-            .build(connector);
+        let https = settings
+            .targets
+            .iter()
+            .any(|target| target.url.scheme_str() == Some("https"));
+        let tls = if https {
+            let mut config = tls::client_config(settings.ca_file.as_deref())?;
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Some(Arc::new(config))
+        } else {
+            None
+        };
+        let pools = settings
+            .targets
+            .iter()
+            .map(|target| ConnectionPool::new(&target.url, tls.clone(), settings.connect_timeout))
+            .collect::<Result<_, _>>()?;
         Ok(UpstreamPool {
             down_until: settings.targets.iter().map(|_| AtomicU64::new(0)).collect(),
             settings: settings.clone(),
-            client,
+            pools,
             next: AtomicUsize::new(0),
             origin: Instant::now(),
         })
@@ -149,47 +154,43 @@ impl UpstreamPool {
                 retry.unwrap_or_else(|| Request::new(()).into_parts().0),
             );
             parts.uri = target_uri(target, &path_and_query);
-            match self
-                .client
-                .request(Request::from_parts(parts, outgoing))
+            if !parts.headers.contains_key(header::HOST) {
+                if let Some(authority) = target
+                    .url
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                {
+                    parts.headers.insert(header::HOST, authority);
+                }
+            }
+            match self.pools[*index]
+                .send(Request::from_parts(parts, outgoing))
                 .await
             {
                 Ok(response) => return Ok(response),
-                Err(error) if error.is_connect() => {
+                Err(PoolError::Connect(error)) => {
                     self.down_until[*index].store(
                         self.now_ms() + DOWN_FOR.as_millis() as u64,
                         Ordering::Relaxed,
                     );
-                    tracing::warn!(upstream = %self.settings.name, target = %target.url, attempt, error = %error_chain(&error), "upstream connect failed");
-                    last_error = ForwardError::Connect(error_chain(&error));
+                    tracing::warn!(upstream = %self.settings.name, target = %target.url, attempt, %error, "upstream connect failed");
+                    last_error = ForwardError::Connect(error);
                 }
-                Err(error) => return Err(ForwardError::Exchange(error_chain(&error))),
+                Err(PoolError::Exchange(error)) => return Err(ForwardError::Exchange(error)),
             }
         }
         Err(last_error)
     }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
-/// `target`'s scheme and authority, its base path, then the request's path and query.
+/// The origin-form URI sent to `target`: its base path, then the request's path and query.
 fn target_uri(target: &UpstreamTarget, path_and_query: &PathAndQuery) -> Uri {
-    let mut parts = target.url.clone().into_parts();
-    parts.path_and_query = if target.base_path.is_empty() {
-        Some(path_and_query.clone())
-    } else {
-        format!("{}{path_and_query}", target.base_path).parse().ok()
-    };
-    Uri::from_parts(parts).unwrap_or_else(|_| target.url.clone())
+    if target.base_path.is_empty() {
+        return Uri::from(path_and_query.clone());
+    }
+    format!("{}{path_and_query}", target.base_path)
+        .parse()
+        .unwrap_or_else(|_| Uri::from(path_and_query.clone()))
 }
 
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -346,6 +347,6 @@ mod tests {
             base_path: "/base".to_owned(),
         };
         let uri = target_uri(&target, &PathAndQuery::from_static("/login?next=%2F"));
-        assert_eq!(uri, "http://127.0.0.1:3000/base/login?next=%2F");
+        assert_eq!(uri, "/base/login?next=%2F");
     }
 }

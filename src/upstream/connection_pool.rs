@@ -1,0 +1,179 @@
+//! Keep-alive HTTP/1.1 connections to one upstream address: an idle connection that is ready
+//! is reused (the most recently used first, it is the warmest), otherwise a new one is opened
+//! (TCP, then TLS for `https://`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use rustls::pki_types::ServerName;
+use smallvec::SmallVec;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::Body;
+
+/// Idle connections kept per upstream address.
+const MAX_IDLE: usize = 256;
+
+/// Why a request got no response.
+#[derive(Debug)]
+pub(crate) enum PoolError {
+    /// No connection could be opened: nothing was sent.
+    Connect(String),
+    Exchange(String),
+}
+
+pub(crate) struct ConnectionPool {
+    host: String,
+    port: u16,
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+    connect_timeout: Duration,
+    idle: Mutex<Vec<SendRequest<Body>>>,
+}
+
+impl std::fmt::Debug for ConnectionPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionPool")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnectionPool {
+    /// `tls` is the client configuration for an `https://` address.
+    pub(crate) fn new(
+        uri: &http::Uri,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        connect_timeout: Duration,
+    ) -> Result<ConnectionPool, String> {
+        let host = uri.host().ok_or_else(|| format!("{uri}: no host"))?;
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let https = uri.scheme_str() == Some("https");
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let tls = match (https, tls) {
+            (true, Some(config)) => {
+                let name = ServerName::try_from(host.clone())
+                    .map_err(|error| format!("{uri}: {error}"))?;
+                Some((TlsConnector::from(config), name))
+            }
+            (true, None) => return Err(format!("{uri}: no TLS configuration")),
+            (false, _) => None,
+        };
+        Ok(ConnectionPool {
+            host,
+            port,
+            tls,
+            connect_timeout,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Sends `request` (origin-form URI) and returns the response head. A request that a
+    /// reused connection could not even start sending (the upstream had just closed it) is sent
+    /// again on a new connection.
+    pub(crate) async fn send(
+        &self,
+        request: Request<Body>,
+    ) -> Result<Response<Incoming>, PoolError> {
+        let request = match self.checkout() {
+            Some(mut sender) => match sender.try_send_request(request).await {
+                Ok(response) => {
+                    self.checkin(sender);
+                    return Ok(response);
+                }
+                Err(mut error) => match error.take_message() {
+                    Some(request) => request,
+                    None => return Err(PoolError::Exchange(error.into_error().to_string())),
+                },
+            },
+            None => request,
+        };
+        let mut sender = self.connect().await?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|error| PoolError::Exchange(error.to_string()))?;
+        self.checkin(sender);
+        Ok(response)
+    }
+
+    fn checkout(&self) -> Option<SendRequest<Body>> {
+        let mut idle = self.idle.lock();
+        // Connections still streaming a response body are kept for later.
+        let mut busy: SmallVec<[SendRequest<Body>; 8]> = SmallVec::new();
+        let mut found = None;
+        while let Some(sender) = idle.pop() {
+            if sender.is_ready() {
+                found = Some(sender);
+                break;
+            }
+            if !sender.is_closed() {
+                busy.push(sender);
+            }
+        }
+        idle.extend(busy.into_iter().rev());
+        found
+    }
+
+    fn checkin(&self, sender: SendRequest<Body>) {
+        let mut idle = self.idle.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(sender);
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Body>, PoolError> {
+        let connect = async {
+            let stream = TcpStream::connect((self.host.as_str(), self.port))
+                .await
+                .map_err(|error| format!("{}:{}: {error}", self.host, self.port))?;
+            let _ = stream.set_nodelay(true);
+            match &self.tls {
+                None => handshake(stream).await,
+                Some((connector, name)) => {
+                    let stream =
+                        connector
+                            .connect(name.clone(), stream)
+                            .await
+                            .map_err(|error| {
+                                format!("TLS with {}:{}: {error}", self.host, self.port)
+                            })?;
+                    handshake(stream).await
+                }
+            }
+        };
+        match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(result) => result.map_err(PoolError::Connect),
+            Err(_) => Err(PoolError::Connect(format!(
+                "{}:{}: no connection within {:?}",
+                self.host, self.port, self.connect_timeout
+            ))),
+        }
+    }
+}
+
+async fn handshake<S>(stream: S) -> Result<SendRequest<Body>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|error| error.to_string())?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.with_upgrades().await {
+            tracing::debug!(%error, "upstream connection ended with an error");
+        }
+    });
+    Ok(sender)
+}

@@ -126,7 +126,11 @@ impl Gateway {
                 return refusal.render();
             }
         };
-        let host_name = host.as_ref().map(host_without_port);
+        // Only routes with a `host` need the host name (parsed again, lower-cased).
+        let host_name = runtime
+            .matches_hosts
+            .then(|| host.as_ref().map(host_without_port))
+            .flatten();
         let Some(index) = route::find(
             &policy.routes,
             host_name.as_deref(),

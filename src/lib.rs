@@ -59,6 +59,8 @@ pub struct Runtime {
     pub upstreams: Vec<UpstreamPool>,
     /// Metric handles per route, in route order.
     pub metrics: Vec<RouteMetrics>,
+    /// Some route matches on the host.
+    pub matches_hosts: bool,
 }
 
 impl Runtime {
@@ -70,6 +72,7 @@ impl Runtime {
                 .map(UpstreamPool::new)
                 .collect::<Result<_, _>>()?,
             metrics: metrics.for_policy(&policy),
+            matches_hosts: policy.routes.iter().any(|route| route.host.is_some()),
             policy,
         })
     }

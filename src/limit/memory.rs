@@ -89,7 +89,7 @@ pub struct MemoryStore {
     keys_per_shard: usize,
     clock: Clock,
     /// Seeded per process: bucket ids cannot be predicted, so collisions cannot be aimed.
-    hasher: std::collections::hash_map::RandomState,
+    hasher: foldhash::quality::RandomState,
     evicted_before_full: AtomicU64,
 }
 
@@ -107,7 +107,7 @@ impl MemoryStore {
                 .collect(),
             keys_per_shard,
             clock,
-            hasher: std::collections::hash_map::RandomState::new(),
+            hasher: foldhash::quality::RandomState::default(),
             evicted_before_full: AtomicU64::new(0),
         }
     }

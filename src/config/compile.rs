@@ -777,16 +777,7 @@ fn compile_adaptive(
             1
         }
     };
-    if !(raw.factor.is_finite() && raw.factor > 0.0 && raw.factor <= 1.0) {
-        errors.at(
-            span.clone(),
-            format!("{key}.factor"),
-            format!(
-                "{} is out of range: expected a factor in (0, 1], such as 0.5",
-                raw.factor
-            ),
-        );
-    }
+    check_factor(raw.factor, &format!("{key}.factor"), span.clone(), errors);
     let min_capacity = raw.min_capacity.unwrap_or(1.0);
     if !(min_capacity.is_finite() && min_capacity > 0.0 && min_capacity <= capacity) {
         errors.at(span.clone(), format!("{key}.min_capacity"), format!("{min_capacity} is out of range: expected more than 0 and at most the limit's capacity {capacity}"));
@@ -850,19 +841,21 @@ fn compile_charges(
     charges
 }
 
+/// A multiplier that shrinks limits: in (0, 1].
+fn check_factor(factor: f64, key: &str, span: Option<Range<usize>>, errors: &mut Errors<'_>) {
+    if !(factor.is_finite() && factor > 0.0 && factor <= 1.0) {
+        errors.at(
+            span,
+            key,
+            format!("{factor} is out of range: expected a factor in (0, 1], such as 0.5"),
+        );
+    }
+}
+
 fn compile_overload(raw: Spanned<raw::RawOverload>, errors: &mut Errors<'_>) -> Option<Overload> {
     let span = Some(raw.span());
     let raw = raw.into_inner();
-    if !(raw.factor.is_finite() && raw.factor > 0.0 && raw.factor <= 1.0) {
-        errors.at(
-            span.clone(),
-            "overload.factor",
-            format!(
-                "{} is out of range: expected a factor in (0, 1], such as 0.5",
-                raw.factor
-            ),
-        );
-    }
+    check_factor(raw.factor, "overload.factor", span.clone(), errors);
     let max_inflight = match raw.max_inflight {
         Some(value) if value >= 1 => Some(value as u64),
         Some(value) => {

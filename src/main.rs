@@ -87,7 +87,9 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Check { config } => Ok(check(&config.unwrap_or_else(config::default_path))),
-            Command::Run { config } => run(config.unwrap_or_else(config::default_path)).await,
+            Command::Run { config } => {
+                run(config.unwrap_or_else(config::default_path), cli.log_format).await
+            }
             Command::Demo { listen, admin } => demo(listen, admin).await,
             Command::Health { url } => Ok(health(&url).await),
         }
@@ -131,12 +133,22 @@ fn check(path: &std::path::Path) -> ExitCode {
     }
 }
 
-async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
+async fn run(path: PathBuf, log_format: LogFormat) -> anyhow::Result<ExitCode> {
     let policy = match Policy::load(&path) {
         Ok(policy) => policy,
         Err(errors) => {
-            eprintln!("{errors}");
-            eprintln!("{}: invalid, not starting", path.display());
+            match log_format {
+                // Every stderr line stays one JSON object.
+                LogFormat::Json => tracing::error!(
+                    file = %path.display(),
+                    errors = %errors,
+                    "invalid policy, not starting"
+                ),
+                LogFormat::Text => {
+                    eprintln!("{errors}");
+                    eprintln!("{}: invalid, not starting", path.display());
+                }
+            }
             return Ok(ExitCode::FAILURE);
         }
     };

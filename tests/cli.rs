@@ -312,3 +312,25 @@ async fn health_asks_the_admin_listener() {
         .unwrap();
     assert_eq!(status.code(), Some(1));
 }
+
+#[test]
+fn an_invalid_policy_in_json_mode_is_reported_as_json() {
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bad/zero_rate.toml");
+    let output = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["--log-format", "json", "run", "--config"])
+        .arg(&bad)
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(!lines.is_empty());
+    for line in lines {
+        let json: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+        assert!(json["errors"]
+            .as_str()
+            .unwrap()
+            .contains("limits.per_network.rate"));
+    }
+}

@@ -13,8 +13,8 @@
 -- an unwritten bucket keeps meaning the same thing) and expires once it would be full again
 -- and its adaptive state no longer matters.
 --
--- Reply: {admitted, tokens_1, sufficient_1, multiplier_1, ...}, all strings (Redis would
--- truncate Lua numbers to integers).
+-- Reply: one string "admitted tokens_1 sufficient_1 multiplier_1 ..." (numbers as text: Redis
+-- would truncate Lua numbers to integers; one string is one bulk reply to parse).
 
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -64,4 +64,4 @@ for i = 1, count do
   reply[#reply + 1] = sufficient[i] and '1' or '0'
   reply[#reply + 1] = string.format('%.17g', multipliers[i])
 end
-return reply
+return table.concat(reply, ' ')

@@ -276,7 +276,7 @@ impl RedisStore {
                 .arg(factor)
                 .arg(min_capacity);
         }
-        let reply: Vec<String> = match &self.connection {
+        let reply: String = match &self.connection {
             Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
             Connection::Cluster(_) => invocation.invoke_async(&mut self.cluster().await?).await,
         }
@@ -434,18 +434,30 @@ impl RedisStore {
     }
 }
 
-fn parse_decide_reply(reply: &[String], buckets: usize) -> Result<GroupReply, StoreError> {
+/// Parses `decide.lua`'s reply: "admitted tokens sufficient multiplier ..." per bucket.
+fn parse_decide_reply(reply: &str, buckets: usize) -> Result<GroupReply, StoreError> {
     let malformed = || StoreError::Redis(format!("unexpected script reply {reply:?}"));
-    if reply.len() != 1 + 3 * buckets {
+    let mut fields = reply.split(' ');
+    let admitted = fields.next().ok_or_else(malformed)? == "1";
+    let mut number = || -> Result<f64, StoreError> {
+        fields
+            .next()
+            .and_then(|field| field.parse().ok())
+            .ok_or_else(malformed)
+    };
+    let mut parsed = Vec::with_capacity(buckets);
+    for _ in 0..buckets {
+        let tokens = number()?;
+        let sufficient = number()? == 1.0;
+        parsed.push((tokens, sufficient, number()?));
+    }
+    if fields.next().is_some() {
         return Err(malformed());
     }
-    let admitted = reply[0] == "1";
-    let number = |text: &String| text.parse::<f64>().map_err(|_| malformed());
-    let buckets = reply[1..]
-        .chunks(3)
-        .map(|bucket| Ok((number(&bucket[0])?, bucket[1] == "1", number(&bucket[2])?)))
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(GroupReply { admitted, buckets })
+    Ok(GroupReply {
+        admitted,
+        buckets: parsed,
+    })
 }
 
 /// Indexes of `keys` grouped by Redis Cluster slot, in first-seen order.
@@ -523,14 +535,12 @@ mod tests {
 
     #[test]
     fn replies_are_parsed_strictly() {
-        let reply: Vec<String> = ["1", "4.5", "1", "1", "0", "0", "0.5"]
-            .map(String::from)
-            .to_vec();
-        let parsed = parse_decide_reply(&reply, 2).unwrap();
+        let reply = "1 4.5 1 1 0 0 0.5";
+        let parsed = parse_decide_reply(reply, 2).unwrap();
         assert!(parsed.admitted);
         assert_eq!(parsed.buckets, vec![(4.5, true, 1.0), (0.0, false, 0.5)]);
-        assert!(parse_decide_reply(&reply, 3).is_err());
-        let garbage: Vec<String> = ["1", "x", "1", "1"].map(String::from).to_vec();
-        assert!(parse_decide_reply(&garbage, 1).is_err());
+        assert!(parse_decide_reply(reply, 3).is_err());
+        assert!(parse_decide_reply(reply, 1).is_err(), "leftover fields");
+        assert!(parse_decide_reply("1 x 1 1", 1).is_err());
     }
 }

@@ -224,9 +224,9 @@ fn kubernetes_manifests_validate_and_agree() {
         .iter()
         .map(|file| format!("deploy/kubernetes/{file}"))
         .collect();
-    let mut args = vec!["--strict"];
+    let mut args = vec!["-m", "kubernetes_validate", "--strict"];
     args.extend(paths.iter().map(String::as_str));
-    let report = run("kubernetes-validate", &args);
+    let report = run("python3", &args);
     assert_eq!(report.matches("passed").count(), 7, "{report}");
 
     let deployment = &yaml_documents("deploy/kubernetes/deployment.yaml")[0];

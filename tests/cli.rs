@@ -334,3 +334,30 @@ fn an_invalid_policy_in_json_mode_is_reported_as_json() {
             .contains("limits.per_network.rate"));
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_policy_file_is_reloaded_without_a_signal() {
+    let upstream = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    write(&file, &policy(upstream.address, 1));
+    let process = Process::spawn(&[
+        "--log-format",
+        "json",
+        "run",
+        "--config",
+        file.to_str().unwrap(),
+    ]);
+    let client = HttpClient::new(address_in(
+        &process.wait_for(false, |line| line.contains("\"listening\"")),
+    ));
+    assert_eq!(client.get("/", &[]).await.status, 200);
+    assert_eq!(client.get("/", &[]).await.status, 429);
+    write(&file, &policy(upstream.address, 4));
+    process.wait_for(false, |line| line.contains("policy file changed"));
+    process.wait_for(false, |line| line.contains("configuration reloaded"));
+    for _ in 0..4 {
+        assert_eq!(client.get("/", &[]).await.status, 200);
+    }
+    assert_eq!(client.get("/", &[]).await.status, 429);
+}

@@ -88,6 +88,8 @@ pub struct RedisSettings {
     pub timeout: Duration,
     /// Prepended to every key: `<prefix><limit>:<key>`.
     pub prefix: String,
+    /// PEM roots for `rediss://`; `None`: the system's.
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -291,6 +293,16 @@ impl Policy {
         if let Some(files) = &self.server.tls {
             if let Err(message) = crate::tls::server_config(files) {
                 problem("server.tls".to_owned(), message);
+            }
+        }
+        if let Some(ca_file) = self
+            .store
+            .redis
+            .as_ref()
+            .and_then(|redis| redis.ca_file.as_ref())
+        {
+            if let Err(message) = crate::tls::client_config(Some(ca_file)) {
+                problem("store.ca_file".to_owned(), message);
             }
         }
         for upstream in &self.upstreams {

@@ -595,3 +595,92 @@ async fn acl_users_passwords_and_database_numbers_come_from_the_url() {
         "a wrong password is a store failure, fail-closed here"
     );
 }
+
+/// A TLS-only redis-server (stopped on drop).
+struct TlsRedis {
+    port: u16,
+    child: std::process::Child,
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_verifies_the_server_against_the_configured_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert, key) = (dir.path().join("redis.pem"), dir.path().join("redis.key"));
+    std::fs::write(&cert, generated.cert.pem()).unwrap();
+    std::fs::write(&key, generated.signing_key.serialize_pem()).unwrap();
+    let port = common::redis_server::free_port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--tls-cert-file")
+        .arg(&cert)
+        .arg("--tls-key-file")
+        .arg(&key)
+        .arg("--tls-ca-cert-file")
+        .arg(&cert)
+        .args(["--tls-auth-clients", "no"])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    let redis = TlsRedis { port, child };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ping = Command::new("redis-cli")
+            .args(["--tls", "--cacert"])
+            .arg(&cert)
+            .args(["-h", "localhost", "-p", &redis.port.to_string(), "PING"])
+            .output()
+            .expect("redis-cli");
+        if String::from_utf8_lossy(&ping.stdout).trim() == "PONG" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "TLS redis-server did not answer");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let upstream = start_upstream().await;
+    let url = format!("rediss://localhost:{}", redis.port);
+    let trusted = policy(&url, 2, "1/h").replace(
+        "prefix = \"tg:\"",
+        &format!("prefix = \"tg:\"\nca_file = \"{}\"", cert.display()),
+    );
+    let gateway = start_gateway(&trusted, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    assert_eq!(client.get("/global", &[]).await.status, 200);
+    assert_eq!(client.get("/global", &[]).await.status, 200);
+    assert_eq!(
+        client.get("/global", &[]).await.status,
+        429,
+        "the shared bucket lives behind TLS"
+    );
+
+    // Without the CA the self-signed server is not trusted: a store failure (fail-closed here).
+    let untrusted = start_gateway(&policy(&url, 2, "1/h"), upstream.address).await;
+    assert_eq!(
+        HttpClient::new(untrusted.addresses[0])
+            .get("/global", &[])
+            .await
+            .status,
+        503
+    );
+}

@@ -148,7 +148,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
     let server = compile_server(raw.server, base, errors);
     let admin = compile_admin(raw.admin, errors);
     let client_ip = compile_client_ip(raw.client_ip, errors);
-    let store = compile_store(raw.store, errors);
+    let store = compile_store(raw.store, base, errors);
     let overload = raw
         .overload
         .and_then(|overload| compile_overload(overload, errors));
@@ -420,7 +420,11 @@ fn networks(
         .collect()
 }
 
-fn compile_store(raw: raw::RawStore, errors: &mut Errors<'_>) -> StoreSettings {
+fn compile_store(
+    raw: raw::RawStore,
+    base: Option<&Path>,
+    errors: &mut Errors<'_>,
+) -> StoreSettings {
     let backend = raw
         .backend
         .as_ref()
@@ -481,6 +485,7 @@ fn compile_store(raw: raw::RawStore, errors: &mut Errors<'_>) -> StoreSettings {
                         cluster,
                         timeout,
                         prefix: raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned()),
+                        ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
                     }),
                     Err(message) => {
                         errors.at(Some(url.span()), "store.url", message);

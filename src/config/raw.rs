@@ -108,6 +108,8 @@ pub struct RawStore {
     pub cluster: Option<bool>,
     pub timeout: Option<HumanDuration>,
     pub prefix: Option<String>,
+    /// PEM roots to verify a `rediss://` server with (else the system's).
+    pub ca_file: Option<String>,
     /// Secret for the keyed hash of request-derived key values (else `TOLLGATE_HASH_KEY`).
     pub hash_key: Option<Spanned<String>>,
 }

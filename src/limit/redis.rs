@@ -81,11 +81,25 @@ struct GroupReply {
 impl RedisStore {
     /// Prepares the connection without connecting: the gateway serves while Redis is down.
     pub fn new(settings: &RedisSettings, clock: Clock) -> Result<RedisStore, StoreError> {
+        let roots = match &settings.ca_file {
+            Some(path) => Some(std::fs::read(path).map_err(|error| {
+                StoreError::Redis(format!("cannot read {}: {error}", path.display()))
+            })?),
+            None => None,
+        };
+        let certificates = |root_cert| redis::TlsCertificates {
+            client_tls: None,
+            root_cert,
+        };
         let connection = if settings.cluster {
-            let client = ClusterClient::builder(settings.nodes.clone())
+            let mut builder = ClusterClient::builder(settings.nodes.clone())
                 .connection_timeout(settings.timeout.max(Duration::from_millis(250)))
                 .response_timeout(settings.timeout)
-                .retries(1)
+                .retries(1);
+            if roots.is_some() {
+                builder = builder.certs(certificates(roots.clone()));
+            }
+            let client = builder
                 .build()
                 .map_err(|error| StoreError::Redis(error.to_string()))?;
             Connection::Cluster(Box::new(Cluster {
@@ -95,8 +109,11 @@ impl RedisStore {
             }))
         } else {
             let url = settings.nodes.first().cloned().unwrap_or_default();
-            let client =
-                redis::Client::open(url).map_err(|error| StoreError::Redis(error.to_string()))?;
+            let client = match roots {
+                Some(roots) => redis::Client::build_with_tls(url, certificates(Some(roots))),
+                None => redis::Client::open(url),
+            }
+            .map_err(|error| StoreError::Redis(error.to_string()))?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(settings.timeout.max(Duration::from_millis(250))))
                 .set_response_timeout(Some(settings.timeout))

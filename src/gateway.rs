@@ -68,6 +68,43 @@ struct Exchange {
     limit: Option<String>,
     upstream: Option<Duration>,
     request_id: HeaderValue,
+    logged: bool,
+}
+
+impl Exchange {
+    fn log(&mut self, status: StatusCode) {
+        self.logged = true;
+        access_log(self, status);
+    }
+}
+
+impl Drop for Exchange {
+    /// A request whose client went away before the answer still gets its line, with nginx's
+    /// 499 ("client closed request").
+    fn drop(&mut self) {
+        if !self.logged {
+            if let Ok(status) = StatusCode::from_u16(499) {
+                access_log(self, status);
+            }
+        }
+    }
+}
+
+/// Counts a request in `tollgate_inflight_requests` until dropped, even when the client goes
+/// away and the request's future is dropped half-way.
+struct InFlightRequest<'a>(&'a prometheus::IntGauge);
+
+impl<'a> InFlightRequest<'a> {
+    fn new(gauge: &'a prometheus::IntGauge) -> InFlightRequest<'a> {
+        gauge.inc();
+        InFlightRequest(gauge)
+    }
+}
+
+impl Drop for InFlightRequest<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Gateway {
@@ -77,8 +114,7 @@ impl Gateway {
         mut request: Request<Incoming>,
         connection: Connection,
     ) -> Response<Body> {
-        let metrics = &self.shared.metrics;
-        metrics.inflight.inc();
+        let _inflight = InFlightRequest::new(&self.shared.metrics.inflight);
         let runtime = self.shared.runtime.load_full();
         let request_id = self.shared.request_id(request.headers());
         request
@@ -94,6 +130,7 @@ impl Gateway {
             limit: None,
             upstream: None,
             request_id,
+            logged: false,
         };
         let mut response = self
             .serve(&runtime, request, connection, &mut exchange)
@@ -101,8 +138,7 @@ impl Gateway {
         response
             .headers_mut()
             .insert(X_REQUEST_ID, exchange.request_id.clone());
-        metrics.inflight.dec();
-        access_log(&exchange, response.status());
+        exchange.log(response.status());
         response
     }
 

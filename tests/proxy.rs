@@ -462,3 +462,31 @@ async fn idle_keep_alive_connections_are_closed() {
     assert!(closed.is_ok(), "idle connection still open after 10 s");
     assert!(rest.is_empty());
 }
+
+#[tokio::test]
+async fn a_client_that_goes_away_mid_request_is_not_counted_in_flight_forever() {
+    let upstream = start_upstream().await;
+    let policy = BASIC.replace("timeout = \"300ms\"", "timeout = \"30s\"");
+    let gateway = start_gateway(&policy, upstream.address).await;
+    let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
+    stream
+        .write_all(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    while upstream.hits.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        metric(&gateway.render_metrics(), "tollgate_inflight_requests"),
+        1.0
+    );
+    drop(stream);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(&gateway.render_metrics(), "tollgate_inflight_requests") != 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned request is still counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

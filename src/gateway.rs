@@ -111,15 +111,12 @@ impl Gateway {
     /// Answers one request; never fails (errors become responses).
     pub async fn handle(
         &self,
-        mut request: Request<Incoming>,
+        request: Request<Incoming>,
         connection: Connection,
     ) -> Response<Body> {
         let _inflight = InFlightRequest::new(&self.shared.metrics.inflight);
         let runtime = self.shared.runtime.load_full();
         let request_id = self.shared.request_id(request.headers());
-        request
-            .headers_mut()
-            .insert(X_REQUEST_ID, request_id.clone());
         let mut exchange = Exchange {
             started: Instant::now(),
             method: request.method().clone(),
@@ -353,6 +350,9 @@ impl Gateway {
         if parts.headers.contains_key(header::TRANSFER_ENCODING) {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
+        parts
+            .headers
+            .insert(X_REQUEST_ID, exchange.request_id.clone());
         upstream::rewrite_request_headers(
             &mut parts.headers,
             &connection.peer_header,

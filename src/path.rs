@@ -9,6 +9,13 @@
 ///
 /// Cost: one pass to decode, one pass over the segments; one allocation for the result.
 pub fn normalize(path: &str) -> String {
+    if is_normal(path) {
+        return path.to_owned();
+    }
+    normalize_in_full(path)
+}
+
+fn normalize_in_full(path: &str) -> String {
     let decoded = decode_unreserved(path);
     let mut segments: Vec<&str> = Vec::new();
     let mut trailing_slash = false;
@@ -32,6 +39,27 @@ pub fn normalize(path: &str) -> String {
         normalized.push('/');
     }
     normalized
+}
+
+/// Whether `path` is already in normal form: the common case, checked in one pass.
+fn is_normal(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    if path.contains('%') {
+        return false;
+    }
+    // No empty, "." or ".." segment; an empty last segment is a trailing slash: allowed.
+    let mut segments = rest.split('/').peekable();
+    while let Some(segment) = segments.next() {
+        let last = segments.peek().is_none();
+        match segment {
+            "" if last => {}
+            "" | "." | ".." => return false,
+            _ => {}
+        }
+    }
+    true
 }
 
 /// Decodes `%XX` where XX encodes an unreserved character (RFC 3986 §2.3: ALPHA, DIGIT,
@@ -142,6 +170,14 @@ mod tests {
     }
 
     proptest! {
+        /// The fast path agrees with the full algorithm.
+        #[test]
+        fn paths_taken_as_normal_are_normal(path in "(/|[a-z]|\\.|%2[eE]){0,24}") {
+            if super::is_normal(&path) {
+                prop_assert_eq!(super::normalize_in_full(&path), path);
+            }
+        }
+
         #[test]
         fn normalization_is_idempotent(path in "(/|[a-z]|\\.|%2[eE]|%6[cC]|%2[fF]){0,24}") {
             let once = normalize(&path);

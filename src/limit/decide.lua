@@ -28,12 +28,18 @@ for i = 1, count do
   local rate = tonumber(ARGV[base + 2])
   local cost = tonumber(ARGV[base + 3])
   local factor = tonumber(ARGV[base + 5])
-  local state = redis.call('HMGET', KEYS[i], 'tokens', 'ts', 'level', 'hold', 'keep')
+  local state
   local multiplier = 1
-  local level = tonumber(state[3]) or 0
-  if factor > 0 and level > 0 and now < (tonumber(state[4]) or 0) then
-    local floor = math.min(1, tonumber(ARGV[base + 6]) / capacity)
-    multiplier = math.max(factor ^ level, floor)
+  if factor > 0 then
+    state = redis.call('HMGET', KEYS[i], 'tokens', 'ts', 'level', 'hold', 'keep')
+    local level = tonumber(state[3]) or 0
+    if level > 0 and now < (tonumber(state[4]) or 0) then
+      local floor = math.min(1, tonumber(ARGV[base + 6]) / capacity)
+      multiplier = math.max(factor ^ level, floor)
+    end
+  else
+    -- Not adaptive: the penalty fields are never written, so only these two are read.
+    state = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
   end
   capacity = capacity * multiplier
   rate = rate * multiplier

@@ -18,6 +18,7 @@ mod connection_pool;
 use std::sync::Arc;
 
 use connection_pool::{ConnectionPool, PoolError};
+use smallvec::SmallVec;
 
 use crate::config::{Upstream, UpstreamTarget};
 use crate::tls;
@@ -88,14 +89,15 @@ impl UpstreamPool {
     }
 
     /// Targets in the order to try them: round-robin, ones marked down last.
-    fn order(&self) -> Vec<usize> {
+    fn order(&self) -> SmallVec<[usize; 4]> {
         let count = self.settings.targets.len();
         if count == 1 {
-            return vec![0];
+            return SmallVec::from_elem(0, 1);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
-        let mut order: Vec<usize> = (0..count).map(|offset| (start + offset) % count).collect();
+        let mut order: SmallVec<[usize; 4]> =
+            (0..count).map(|offset| (start + offset) % count).collect();
         order.sort_by_key(|index| self.down_until[*index].load(Ordering::Relaxed) > now);
         order
     }

@@ -112,10 +112,6 @@ impl MemoryStore {
         }
     }
 
-    pub fn clock(&self) -> &Clock {
-        &self.clock
-    }
-
     /// Buckets currently held.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|shard| shard.lock().len()).sum()

@@ -26,7 +26,9 @@ use redis::Script;
 use super::breaker::{Breaker, Permit};
 use super::clock::Clock;
 use super::deny_cache::DenyCache;
-use super::{AdaptiveParams, BucketRequest, Charge, Decision, OutcomeRequest, StoreError, Verdict};
+use super::{
+    AdaptiveParams, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError, Verdict,
+};
 use crate::config::RedisSettings;
 
 const DECIDE: &str = include_str!("decide.lua");
@@ -146,12 +148,16 @@ impl RedisStore {
         self.breaker.is_open()
     }
 
-    pub fn key(&self, request: &BucketRequest) -> String {
-        format!("{}{}", self.prefix, request.key)
+    /// The store key of a bucket: `<prefix><limit>:<key>`.
+    pub fn key(&self, key: &BucketKey) -> String {
+        format!("{}{key}", self.prefix)
     }
 
     pub async fn decide(&self, requests: &[BucketRequest]) -> Result<Decision, StoreError> {
-        let keys: Vec<String> = requests.iter().map(|request| self.key(request)).collect();
+        let keys: Vec<String> = requests
+            .iter()
+            .map(|request| self.key(&request.key))
+            .collect();
         if let Some(refusal) = self.refuse_from_cache(requests, &keys) {
             self.deny_cache_refusals.fetch_add(1, Ordering::Relaxed);
             return Ok(refusal);
@@ -337,7 +343,7 @@ impl RedisStore {
         }
         let keys: Vec<String> = requests
             .iter()
-            .map(|request| format!("{}{}", self.prefix, request.key))
+            .map(|request| self.key(&request.key))
             .collect();
         let groups = match &self.connection {
             Connection::Single(_) => vec![(0..requests.len()).collect::<Vec<usize>>()],

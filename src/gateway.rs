@@ -20,6 +20,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use smallvec::SmallVec;
 
 use crate::client_ip;
 use crate::config::{Mode, Policy, Route, StoreFailurePolicy};
@@ -220,7 +221,8 @@ impl Gateway {
 
         let (mut parts, body) = request.into_parts();
         let body = if route.reads_body {
-            match buffer_body(&parts.headers, body, policy.server.max_buffered_body).await {
+            let buffered = buffer_body(&parts.headers, body, policy.server.max_buffered_body);
+            match Box::pin(buffered).await {
                 Ok(bytes) => OutgoingBody::Buffered(bytes),
                 Err(refusal) => return (Outcome::BadRequest, refusal.render()),
             }
@@ -231,8 +233,8 @@ impl Gateway {
         };
 
         // Keys: one bucket per applicable limit; `applied[i]` is the route entry of bucket i.
-        let mut buckets = Vec::with_capacity(route.limits.len());
-        let mut applied = Vec::with_capacity(route.limits.len());
+        let mut buckets: SmallVec<[BucketRequest; 4]> = SmallVec::new();
+        let mut applied: SmallVec<[usize; 4]> = SmallVec::new();
         {
             let body_bytes = match &body {
                 OutgoingBody::Buffered(bytes) if route.reads_body => Some(bytes.as_ref()),
@@ -297,7 +299,7 @@ impl Gateway {
             }
         };
 
-        let mut reports = Vec::with_capacity(decision.verdicts.len());
+        let mut reports: SmallVec<[LimitReport<'_>; 4]> = SmallVec::new();
         let mut refusing = Vec::new();
         for ((bucket, verdict), position) in buckets.iter().zip(&decision.verdicts).zip(&applied) {
             if !verdict.observed {
@@ -350,6 +352,8 @@ impl Gateway {
         if parts.headers.contains_key(header::TRANSFER_ENCODING) {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
+        // Room for the forwarding headers, added without a rehash.
+        parts.headers.reserve(5);
         parts
             .headers
             .insert(X_REQUEST_ID, exchange.request_id.clone());
@@ -411,10 +415,7 @@ impl Gateway {
         }
         upstream::remove_hop_by_hop(response.headers_mut(), switching);
         respond::add_ratelimit_headers(response.headers_mut(), header_mode, &reports);
-        (
-            outcome,
-            response.map(|body| body.map_err(Into::into).boxed()),
-        )
+        (outcome, response)
     }
 
     /// Response hooks: extra charges by status and adaptive errors, recorded in the store that

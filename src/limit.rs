@@ -122,7 +122,8 @@ impl Store {
     pub async fn decide(&self, requests: &[BucketRequest]) -> Result<Decision, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.decide(requests)),
-            Store::Redis(store) => store.decide(requests).await,
+            // Boxed so that the memory store's callers do not carry the Redis call's state.
+            Store::Redis(store) => Box::pin(store.decide(requests)).await,
         }
     }
 
@@ -150,7 +151,7 @@ impl Store {
     ) -> Result<Vec<bool>, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.record_outcomes(requests)),
-            Store::Redis(store) => store.record_outcomes(requests).await,
+            Store::Redis(store) => Box::pin(store.record_outcomes(requests)).await,
         }
     }
 

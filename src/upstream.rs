@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 mod connection_pool;
+mod http1;
 
 use std::sync::Arc;
 
@@ -21,7 +22,12 @@ use connection_pool::{ConnectionPool, PoolError};
 use smallvec::SmallVec;
 
 use crate::config::{Upstream, UpstreamTarget};
-use crate::tls;
+use crate::{tls, Body};
+
+/// Requests with a body in memory up to this size take the gateway's own client, which writes
+/// the whole request before reading: far below what the socket buffers hold, so an upstream
+/// that answers while it reads can never stall it.
+const OWN_CLIENT_MAX_BODY: usize = 64 * 1024;
 
 /// How long an address that refused a connection is passed over by round-robin.
 const DOWN_FOR: Duration = Duration::from_secs(2);
@@ -54,6 +60,8 @@ pub struct UpstreamPool {
     origin: Instant,
     /// Per target: milliseconds since `origin` until which it is passed over.
     down_until: Vec<AtomicU64>,
+    /// Per target: the `Host` for requests that came without one.
+    authorities: Vec<Option<HeaderValue>>,
 }
 
 impl UpstreamPool {
@@ -77,6 +85,14 @@ impl UpstreamPool {
             .collect::<Result<_, _>>()?;
         Ok(UpstreamPool {
             down_until: settings.targets.iter().map(|_| AtomicU64::new(0)).collect(),
+            authorities: settings
+                .targets
+                .iter()
+                .map(|target| {
+                    let authority = target.url.authority()?;
+                    HeaderValue::from_str(authority.as_str()).ok()
+                })
+                .collect(),
             settings: settings.clone(),
             pools,
             next: AtomicUsize::new(0),
@@ -107,20 +123,74 @@ impl UpstreamPool {
         &self,
         request: http::request::Parts,
         body: OutgoingBody,
-    ) -> Result<Response<Incoming>, ForwardError> {
+    ) -> Result<Response<Body>, ForwardError> {
         let timeout = self.settings.timeout;
-        tokio::time::timeout(timeout, self.exchange(request, body))
+        let exchange = async {
+            match body {
+                OutgoingBody::Buffered(bytes)
+                    if bytes.len() <= OWN_CLIENT_MAX_BODY
+                        && !request.headers.contains_key(header::UPGRADE) =>
+                {
+                    self.exchange_buffered(request, &bytes).await
+                }
+                // Boxed: the common path's future stays small.
+                body => Box::pin(self.exchange_with_hyper(request, body)).await,
+            }
+        };
+        tokio::time::timeout(timeout, exchange)
             .await
             .unwrap_or(Err(ForwardError::Timeout(timeout)))
     }
 
-    /// Tries the targets in round-robin order. Only a request whose body is in memory can be
-    /// sent again after a refused connection; the request head is copied only then.
-    async fn exchange(
+    /// Tries the targets in round-robin order with a request whose body is in memory (so it
+    /// can go to the next target when one refuses the connection), on the gateway's own client.
+    async fn exchange_buffered(
+        &self,
+        mut request: http::request::Parts,
+        body: &Bytes,
+    ) -> Result<Response<Body>, ForwardError> {
+        let order = self.order();
+        let path_and_query = request
+            .uri
+            .path_and_query()
+            .map_or("/", PathAndQuery::as_str);
+        let has_host = request.headers.contains_key(header::HOST);
+        let mut encoded = BytesMut::new();
+        let mut last_error = ForwardError::Connect("no upstream address".to_owned());
+        for (attempt, index) in order.iter().enumerate() {
+            let target = &self.settings.targets[*index];
+            if !has_host {
+                if let Some(authority) = &self.authorities[*index] {
+                    request.headers.insert(header::HOST, authority.clone());
+                }
+            }
+            encoded.clear();
+            http1::encode_request(
+                &request.method,
+                &[&target.base_path, path_and_query],
+                &request.headers,
+                body,
+                &mut encoded,
+            );
+            match self.pools[*index]
+                .send_buffered(&encoded, &request.method)
+                .await
+            {
+                Ok(response) => return Ok(response),
+                Err(error) => last_error = self.failed(*index, target, attempt, error)?,
+            }
+        }
+        Err(last_error)
+    }
+
+    /// Tries the targets in round-robin order on hyper's client: for streamed bodies and
+    /// protocol switches. Only a request whose body is in memory can be sent again after a
+    /// refused connection; the request head is copied only then.
+    async fn exchange_with_hyper(
         &self,
         mut request: http::request::Parts,
         body: OutgoingBody,
-    ) -> Result<Response<Incoming>, ForwardError> {
+    ) -> Result<Response<Body>, ForwardError> {
         let order = self.order();
         let (retry_body, mut body) = match body {
             OutgoingBody::Buffered(bytes) if order.len() > 1 => {
@@ -157,31 +227,41 @@ impl UpstreamPool {
             );
             parts.uri = target_uri(target, &path_and_query);
             if !parts.headers.contains_key(header::HOST) {
-                if let Some(authority) = target
-                    .url
-                    .authority()
-                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-                {
-                    parts.headers.insert(header::HOST, authority);
+                if let Some(authority) = &self.authorities[*index] {
+                    parts.headers.insert(header::HOST, authority.clone());
                 }
             }
             match self.pools[*index]
                 .send(Request::from_parts(parts, outgoing))
                 .await
             {
-                Ok(response) => return Ok(response),
-                Err(PoolError::Connect(error)) => {
-                    self.down_until[*index].store(
-                        self.now_ms() + DOWN_FOR.as_millis() as u64,
-                        Ordering::Relaxed,
-                    );
-                    tracing::warn!(upstream = %self.settings.name, target = %target.url, attempt, %error, "upstream connect failed");
-                    last_error = ForwardError::Connect(error);
-                }
-                Err(PoolError::Exchange(error)) => return Err(ForwardError::Exchange(error)),
+                Ok(response) => return Ok(response.map(|body| body.map_err(Into::into).boxed())),
+                Err(error) => last_error = self.failed(*index, target, attempt, error)?,
             }
         }
         Err(last_error)
+    }
+
+    /// A target that refused the connection is passed over for a while and the next one is
+    /// tried (`Ok`); any other failure ends the exchange.
+    fn failed(
+        &self,
+        index: usize,
+        target: &UpstreamTarget,
+        attempt: usize,
+        error: PoolError,
+    ) -> Result<ForwardError, ForwardError> {
+        match error {
+            PoolError::Connect(error) => {
+                self.down_until[index].store(
+                    self.now_ms() + DOWN_FOR.as_millis() as u64,
+                    Ordering::Relaxed,
+                );
+                tracing::warn!(upstream = %self.settings.name, target = %target.url, attempt, %error, "upstream connect failed");
+                Ok(ForwardError::Connect(error))
+            }
+            PoolError::Exchange(error) => Err(ForwardError::Exchange(error)),
+        }
     }
 }
 
@@ -235,6 +315,13 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
 /// Removes hop-by-hop headers, including those the `Connection` header names. With
 /// `keep_upgrade`, `Upgrade` and `Connection: upgrade` stay for the next hop.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Most messages carry none: one pass over the names instead of a lookup per name.
+    let any = headers
+        .keys()
+        .any(|name| *name == header::UPGRADE || HOP_BY_HOP.contains(name));
+    if !any && !keep_upgrade {
+        return;
+    }
     let named: Vec<HeaderName> = connection_tokens(headers)
         .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
         .filter(|name| !(keep_upgrade && *name == header::UPGRADE))

@@ -170,13 +170,13 @@ impl MemoryStore {
     /// key's adaptive penalty applied.
     pub fn decide(&self, requests: &[BucketRequest]) -> Decision {
         let now = self.clock.now();
-        let ids: Vec<u64> = requests
+        let ids: SmallVec<[u64; 4]> = requests
             .iter()
             .map(|request| self.id(&request.key))
             .collect();
         self.locked(&ids, |guards, positions| {
-            let mut states = Vec::with_capacity(requests.len());
-            let mut charges = Vec::with_capacity(requests.len());
+            let mut states: SmallVec<[_; 4]> = SmallVec::with_capacity(requests.len());
+            let mut charges: SmallVec<[_; 4]> = SmallVec::with_capacity(requests.len());
             for ((request, id), position) in requests.iter().zip(&ids).zip(positions) {
                 let entry = guards[*position].1.get(id);
                 states.push(entry.map(|entry| entry.state));

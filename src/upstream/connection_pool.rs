@@ -1,13 +1,16 @@
 //! Keep-alive HTTP/1.1 connections to one upstream address: an idle connection that is ready
 //! is reused (the most recently used first, it is the warmest), otherwise a new one is opened
-//! (TCP, then TLS for `https://`).
+//! (TCP, then TLS for `https://`). Requests with their body in memory use the gateway's own
+//! client (`http1.rs`); streamed uploads and protocol switches use hyper's, on connections of
+//! their own.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
+use hyper::client::conn::http1::{self as hyper_http1, SendRequest};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use rustls::pki_types::ServerName;
@@ -15,6 +18,7 @@ use smallvec::SmallVec;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use super::http1::{self, IdleConnections, Stream};
 use crate::Body;
 
 /// Idle connections kept per upstream address.
@@ -34,6 +38,7 @@ pub(crate) struct ConnectionPool {
     tls: Option<(TlsConnector, ServerName<'static>)>,
     connect_timeout: Duration,
     idle: Mutex<Vec<SendRequest<Body>>>,
+    idle_own: Arc<IdleConnections>,
 }
 
 impl std::fmt::Debug for ConnectionPool {
@@ -75,7 +80,31 @@ impl ConnectionPool {
             tls,
             connect_timeout,
             idle: Mutex::new(Vec::new()),
+            idle_own: Arc::new(IdleConnections::new(MAX_IDLE)),
         })
+    }
+
+    /// Sends a request whose body is in memory, encoded by [`http1::encode_request`], and
+    /// returns the response head. An idempotent request that a reused connection left
+    /// unanswered (the upstream had just closed it) is sent again on a new connection.
+    pub(crate) async fn send_buffered(
+        &self,
+        request: &BytesMut,
+        method: &http::Method,
+    ) -> Result<Response<Body>, PoolError> {
+        if let Some(connection) = self.idle_own.checkout() {
+            match http1::exchange(connection, request, method, &self.idle_own).await {
+                Ok(response) => return Ok(response),
+                Err(failure) if failure.unanswered && method.is_idempotent() => {
+                    tracing::debug!(error = %failure.message, "reused upstream connection failed; retrying on a new one");
+                }
+                Err(failure) => return Err(PoolError::Exchange(failure.message)),
+            }
+        }
+        let connection = http1::Connection::new(self.connect().await?);
+        http1::exchange(connection, request, method, &self.idle_own)
+            .await
+            .map_err(|failure| PoolError::Exchange(failure.message))
     }
 
     /// Sends `request` (origin-form URI) and returns the response head. A request that a
@@ -98,7 +127,9 @@ impl ConnectionPool {
             },
             None => request,
         };
-        let mut sender = self.connect().await?;
+        let mut sender = handshake(self.connect().await?)
+            .await
+            .map_err(PoolError::Connect)?;
         let response = sender
             .send_request(request)
             .await
@@ -132,24 +163,19 @@ impl ConnectionPool {
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<Body>, PoolError> {
+    async fn connect(&self) -> Result<Stream, PoolError> {
         let connect = async {
             let stream = TcpStream::connect((self.host.as_str(), self.port))
                 .await
                 .map_err(|error| format!("{}:{}: {error}", self.host, self.port))?;
             let _ = stream.set_nodelay(true);
             match &self.tls {
-                None => handshake(stream).await,
-                Some((connector, name)) => {
-                    let stream =
-                        connector
-                            .connect(name.clone(), stream)
-                            .await
-                            .map_err(|error| {
-                                format!("TLS with {}:{}: {error}", self.host, self.port)
-                            })?;
-                    handshake(stream).await
-                }
+                None => Ok(Stream::Plain(stream)),
+                Some((connector, name)) => connector
+                    .connect(name.clone(), stream)
+                    .await
+                    .map(|stream| Stream::Tls(Box::new(stream)))
+                    .map_err(|error| format!("TLS with {}:{}: {error}", self.host, self.port)),
             }
         };
         match tokio::time::timeout(self.connect_timeout, connect).await {
@@ -166,7 +192,7 @@ async fn handshake<S>(stream: S) -> Result<SendRequest<Body>, String>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, connection) = http1::Builder::new()
+    let (sender, connection) = hyper_http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await
         .map_err(|error| error.to_string())?;

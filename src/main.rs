@@ -11,12 +11,6 @@ use tollgate::config::{self, Policy};
 use tollgate::{demo, Options, Tollgate};
 use tracing_subscriber::EnvFilter;
 
-/// glibc's allocator spends measurable time per request on the proxy's many short-lived,
-/// cross-size allocations (and returns memory to the kernel in bursts); mimalloc's per-thread
-/// free lists are cheaper for that pattern.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "tollgate",

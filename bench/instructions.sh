@@ -18,27 +18,7 @@ done
 
 cargo build --release --quiet --bin tollgate --example fast_upstream
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-wait_for_port() {
-  for _ in $(seq 1 300); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "bench: nothing listens on port $1" >&2
-  exit 1
-}
+source bench/common.sh
 
 upstream_port=$(free_port)
 # As in bench/run.sh: load generator and upstream on CPU 0, the gateway on CPU 1. How requests
@@ -49,31 +29,7 @@ wait_for_port "$upstream_port"
 
 port=$(free_port)
 admin=$(free_port)
-cat > "$work/policy.toml" <<CONF
-[server]
-listen = ["127.0.0.1:$port"]
-[admin]
-listen = "127.0.0.1:$admin"
-[upstreams.app]
-url = "http://127.0.0.1:$upstream_port"
-[limits.per_network]
-key = "client_network"
-capacity = 1000000000000
-rate = "1000000000/s"
-[limits.per_user]
-key = { header = "x-user-id" }
-capacity = 1000000000000
-rate = "1000000000/s"
-[limits.everyone]
-key = "global"
-capacity = 1000000000000
-rate = "1000000000/s"
-[[routes]]
-name = "bench"
-path_prefix = "/"
-upstream = "app"
-limits = ["per_network", "per_user", "everyone"]
-CONF
+three_limit_policy "$port" "$admin" "$upstream_port" "" 1000000000000 "1000000000/s" > "$work/policy.toml"
 
 RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 valgrind --tool=callgrind \
   --compress-strings=no --compress-pos=no --callgrind-out-file="$work/callgrind.%p" \

@@ -37,27 +37,7 @@ fi
 echo "building release binaries..." >&2
 cargo build --release --quiet --bin tollgate --example fast_upstream
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-wait_for_port() {
-  for _ in $(seq 1 200); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.05
-  done
-  echo "bench: nothing listens on port $1" >&2
-  exit 1
-}
+source bench/common.sh
 
 clk_tck=$(getconf CLK_TCK)
 
@@ -155,32 +135,7 @@ start_tollgate() {
   local name=$1 port=$2 store=$3 capacity=$4 rate=$5
   local admin
   admin=$(free_port)
-  cat > "$work/$name.toml" <<CONF
-[server]
-listen = ["127.0.0.1:$port"]
-[admin]
-listen = "127.0.0.1:$admin"
-$store
-[upstreams.app]
-url = "http://127.0.0.1:$upstream_port"
-[limits.per_network]
-key = "client_network"
-capacity = $capacity
-rate = "$rate"
-[limits.per_user]
-key = { header = "x-user-id" }
-capacity = $capacity
-rate = "$rate"
-[limits.everyone]
-key = "global"
-capacity = $capacity
-rate = "$rate"
-[[routes]]
-name = "bench"
-path_prefix = "/"
-upstream = "app"
-limits = ["per_network", "per_user", "everyone"]
-CONF
+  three_limit_policy "$port" "$admin" "$upstream_port" "$store" "$capacity" "$rate" > "$work/$name.toml"
   RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c "$PROXY_CPU" \
     ./target/release/tollgate --worker-threads 1 run --config "$work/$name.toml" >/dev/null 2>"$work/$name.log" &
   local pid=$!

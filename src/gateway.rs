@@ -364,13 +364,12 @@ impl Gateway {
             host.as_ref(),
             upgrade,
         );
-        parts.uri = forwarded_uri(&exchange.path, parts.uri.query());
 
         let pool = &runtime.upstreams[route.upstream];
         let sent = Instant::now();
         let watching_load = policy.overload.is_some();
         let in_flight = watching_load.then(|| self.shared.load.start_request());
-        let result = pool.send(parts, body).await;
+        let result = pool.send(parts, &exchange.path, body).await;
         let elapsed = sent.elapsed();
         drop(in_flight);
         exchange.upstream = Some(elapsed);
@@ -604,14 +603,6 @@ fn host_without_port(host: &HeaderValue) -> String {
     text.parse::<http::uri::Authority>()
         .map(|authority| authority.host().to_ascii_lowercase())
         .unwrap_or_else(|_| text.to_ascii_lowercase())
-}
-
-fn forwarded_uri(path: &str, query: Option<&str>) -> Uri {
-    let text = match query {
-        Some(query) => format!("{path}?{query}"),
-        None => path.to_owned(),
-    };
-    text.parse().unwrap_or_else(|_| Uri::from_static("/"))
 }
 
 /// Reads the whole body, up to `max` bytes (413 beyond; 400 if the client breaks off).

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -118,10 +117,12 @@ impl UpstreamPool {
         order
     }
 
-    /// Sends `request` (its URI holds only path and query) and waits for the response head.
+    /// Sends `request` and waits for the response head. Its URI is the client's: what goes
+    /// upstream is the target's base path, `path` (the normalized path) and the URI's query.
     pub async fn send(
         &self,
         request: http::request::Parts,
+        path: &str,
         body: OutgoingBody,
     ) -> Result<Response<Body>, ForwardError> {
         let timeout = self.settings.timeout;
@@ -131,10 +132,10 @@ impl UpstreamPool {
                     if bytes.len() <= OWN_CLIENT_MAX_BODY
                         && !request.headers.contains_key(header::UPGRADE) =>
                 {
-                    self.exchange_buffered(request, &bytes).await
+                    self.exchange_buffered(request, path, &bytes).await
                 }
                 // Boxed: the common path's future stays small.
-                body => Box::pin(self.exchange_with_hyper(request, body)).await,
+                body => Box::pin(self.exchange_with_hyper(request, path, body)).await,
             }
         };
         tokio::time::timeout(timeout, exchange)
@@ -147,13 +148,11 @@ impl UpstreamPool {
     async fn exchange_buffered(
         &self,
         mut request: http::request::Parts,
+        path: &str,
         body: &Bytes,
     ) -> Result<Response<Body>, ForwardError> {
         let order = self.order();
-        let path_and_query = request
-            .uri
-            .path_and_query()
-            .map_or("/", PathAndQuery::as_str);
+        let query = request.uri.query().map(|query| ["?", query]);
         let has_host = request.headers.contains_key(header::HOST);
         let mut encoded = BytesMut::new();
         let mut last_error = ForwardError::Connect("no upstream address".to_owned());
@@ -165,9 +164,10 @@ impl UpstreamPool {
                 }
             }
             encoded.clear();
+            let [separator, query] = query.unwrap_or_default();
             http1::encode_request(
                 &request.method,
-                &[&target.base_path, path_and_query],
+                &[&target.base_path, path, separator, query],
                 &request.headers,
                 body,
                 &mut encoded,
@@ -189,6 +189,7 @@ impl UpstreamPool {
     async fn exchange_with_hyper(
         &self,
         mut request: http::request::Parts,
+        path: &str,
         body: OutgoingBody,
     ) -> Result<Response<Body>, ForwardError> {
         let order = self.order();
@@ -198,11 +199,7 @@ impl UpstreamPool {
             }
             body => (None, Some(body)),
         };
-        let path_and_query = request
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let query = request.uri.query().map(str::to_owned);
         request.version = Version::HTTP_11;
         let mut last_error = ForwardError::Connect("no upstream address".to_owned());
         for (attempt, index) in order.iter().enumerate() {
@@ -225,7 +222,7 @@ impl UpstreamPool {
                 &mut request,
                 retry.unwrap_or_else(|| Request::new(()).into_parts().0),
             );
-            parts.uri = target_uri(target, &path_and_query);
+            parts.uri = target_uri(target, path, query.as_deref());
             if !parts.headers.contains_key(header::HOST) {
                 if let Some(authority) = &self.authorities[*index] {
                     parts.headers.insert(header::HOST, authority.clone());
@@ -266,13 +263,13 @@ impl UpstreamPool {
 }
 
 /// The origin-form URI sent to `target`: its base path, then the request's path and query.
-fn target_uri(target: &UpstreamTarget, path_and_query: &PathAndQuery) -> Uri {
-    if target.base_path.is_empty() {
-        return Uri::from(path_and_query.clone());
-    }
-    format!("{}{path_and_query}", target.base_path)
-        .parse()
-        .unwrap_or_else(|_| Uri::from(path_and_query.clone()))
+fn target_uri(target: &UpstreamTarget, path: &str, query: Option<&str>) -> Uri {
+    let base = &target.base_path;
+    let text = match query {
+        Some(query) => format!("{base}{path}?{query}"),
+        None => format!("{base}{path}"),
+    };
+    text.parse().unwrap_or_else(|_| Uri::from_static("/"))
 }
 
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -299,12 +296,14 @@ pub fn peer_header(peer: IpAddr) -> HeaderValue {
 /// Whether the request asks to switch protocols (WebSocket): `Upgrade` named in `Connection`.
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
-        && connection_tokens(headers).any(|token| token.eq_ignore_ascii_case("upgrade"))
+        && header_tokens(headers, header::CONNECTION)
+            .any(|token| token.eq_ignore_ascii_case("upgrade"))
 }
 
-fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+/// The comma-separated tokens of every `name` field (`Connection: keep-alive, Upgrade`).
+fn header_tokens(headers: &HeaderMap, name: HeaderName) -> impl Iterator<Item = &str> {
     headers
-        .get_all(header::CONNECTION)
+        .get_all(name)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
@@ -322,7 +321,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     if !any && !keep_upgrade {
         return;
     }
-    let named: Vec<HeaderName> = connection_tokens(headers)
+    let named: Vec<HeaderName> = header_tokens(headers, header::CONNECTION)
         .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
         .filter(|name| !(keep_upgrade && *name == header::UPGRADE))
         .collect();
@@ -435,7 +434,7 @@ mod tests {
             url: "http://127.0.0.1:3000/base/".parse().unwrap(),
             base_path: "/base".to_owned(),
         };
-        let uri = target_uri(&target, &PathAndQuery::from_static("/login?next=%2F"));
+        let uri = target_uri(&target, "/login", Some("next=%2F"));
         assert_eq!(uri, "/base/login?next=%2F");
     }
 }

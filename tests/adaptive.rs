@@ -151,12 +151,9 @@ async fn two_gateways_sharing_redis_apply_the_same_penalty() {
         .post("/auth", &[JSON], &attempt("fresh@example.com", "right"))
         .await;
     assert_eq!(fresh.header("ratelimit-limit"), Some("10"));
-    assert_eq!(
-        metric(
-            &first.render_metrics(),
-            r#"tollgate_penalties_total{limit="per_account"}"#
-        ),
-        1.0
+    assert_metrics(
+        &first.render_metrics(),
+        &[(r#"tollgate_penalties_total{limit="per_account"}"#, 1.0)],
     );
     // The adaptive state lives in the bucket's hash, with a TTL.
     let keys: Vec<String> = redis
@@ -226,12 +223,12 @@ limits = ["per_network"]
     );
     assert_eq!(browsed, 30, "the reader gets the whole capacity");
     let scrape = gateway.render_metrics();
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_tokens_consumed_total{limit="per_network",route="default"}"#
-        ),
-        60.0
+    assert_metrics(
+        &scrape,
+        &[(
+            r#"tollgate_tokens_consumed_total{limit="per_network",route="default"}"#,
+            60.0,
+        )],
     );
 }
 

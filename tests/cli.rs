@@ -181,13 +181,7 @@ async fn sighup_reloads_a_valid_file_and_keeps_serving_on_an_invalid_one() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tollgate.toml");
     write(&file, &policy(upstream.address, 1));
-    let process = Process::spawn(&[
-        "--log-format",
-        "json",
-        "run",
-        "--config",
-        file.to_str().unwrap(),
-    ]);
+    let process = run_with_json_logs(&file);
     let listening = process.wait_for(false, |line| line.contains("\"listening\""));
     let admin = process.wait_for(false, |line| line.contains("admin listening"));
     let client = HttpClient::new(address_in(&listening));
@@ -246,13 +240,7 @@ async fn sigterm_during_a_slow_request_lets_it_finish_then_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tollgate.toml");
     write(&file, &policy(upstream.address, 10));
-    let mut process = Process::spawn(&[
-        "--log-format",
-        "json",
-        "run",
-        "--config",
-        file.to_str().unwrap(),
-    ]);
+    let mut process = run_with_json_logs(&file);
     let address = address_in(&process.wait_for(false, |line| line.contains("\"listening\"")));
     let slow = tokio::spawn(async move {
         HttpClient::new(address)
@@ -341,13 +329,7 @@ async fn a_changed_policy_file_is_reloaded_without_a_signal() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tollgate.toml");
     write(&file, &policy(upstream.address, 1));
-    let process = Process::spawn(&[
-        "--log-format",
-        "json",
-        "run",
-        "--config",
-        file.to_str().unwrap(),
-    ]);
+    let process = run_with_json_logs(&file);
     let client = HttpClient::new(address_in(
         &process.wait_for(false, |line| line.contains("\"listening\"")),
     ));
@@ -360,4 +342,15 @@ async fn a_changed_policy_file_is_reloaded_without_a_signal() {
         assert_eq!(client.get("/", &[]).await.status, 200);
     }
     assert_eq!(client.get("/", &[]).await.status, 429);
+}
+
+/// `tollgate --log-format json run --config FILE`.
+fn run_with_json_logs(file: &std::path::Path) -> Process {
+    Process::spawn(&[
+        "--log-format",
+        "json",
+        "run",
+        "--config",
+        file.to_str().unwrap(),
+    ])
 }

@@ -216,19 +216,18 @@ async fn credential_stuffing_from_many_addresses_is_stopped_per_account() {
         .await;
     assert_eq!(other.status, 200);
     let scrape = gateway.render_metrics();
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_limited_total{limit="per_account",route="login"}"#
-        ),
-        7.0
-    );
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_requests_total{outcome="limited",route="login"}"#
-        ),
-        7.0
+    assert_metrics(
+        &scrape,
+        &[
+            (
+                r#"tollgate_limited_total{limit="per_account",route="login"}"#,
+                7.0,
+            ),
+            (
+                r#"tollgate_requests_total{outcome="limited",route="login"}"#,
+                7.0,
+            ),
+        ],
     );
 }
 
@@ -373,26 +372,22 @@ async fn shadow_limits_count_but_never_refuse() {
         );
     }
     let scrape = gateway.render_metrics();
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_requests_total{outcome="allowed",route="default"}"#
-        ),
-        5.0
-    );
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_requests_total{outcome="shadow_limited",route="default"}"#
-        ),
-        3.0
-    );
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_tokens_consumed_total{limit="per_network",route="default"}"#
-        ),
-        5.0
+    assert_metrics(
+        &scrape,
+        &[
+            (
+                r#"tollgate_requests_total{outcome="allowed",route="default"}"#,
+                5.0,
+            ),
+            (
+                r#"tollgate_requests_total{outcome="shadow_limited",route="default"}"#,
+                3.0,
+            ),
+            (
+                r#"tollgate_tokens_consumed_total{limit="per_network",route="default"}"#,
+                5.0,
+            ),
+        ],
     );
 }
 
@@ -461,19 +456,18 @@ async fn all_or_nothing_a_refusal_charges_no_other_limit() {
     assert_eq!(client.get("/", &[from]).await.status, 200);
     assert_eq!(client.get("/", &[from]).await.status, 429);
     let scrape = gateway.render_metrics();
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_tokens_consumed_total{limit="per_network",route="login"}"#
-        ),
-        3.0
-    );
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_tokens_consumed_total{limit="per_network",route="default"}"#
-        ),
-        2.0
+    assert_metrics(
+        &scrape,
+        &[
+            (
+                r#"tollgate_tokens_consumed_total{limit="per_network",route="login"}"#,
+                3.0,
+            ),
+            (
+                r#"tollgate_tokens_consumed_total{limit="per_network",route="default"}"#,
+                2.0,
+            ),
+        ],
     );
 }
 

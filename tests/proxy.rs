@@ -113,19 +113,18 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
     assert_eq!(slow.status, 504);
     assert_eq!(slow.json()["error"], "gateway_timeout");
     let scrape = gateway.render_metrics();
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_upstream_responses_total{route="dead",status="error"}"#
-        ),
-        1.0
-    );
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_upstream_responses_total{route="default",status="error"}"#
-        ),
-        1.0
+    assert_metrics(
+        &scrape,
+        &[
+            (
+                r#"tollgate_upstream_responses_total{route="dead",status="error"}"#,
+                1.0,
+            ),
+            (
+                r#"tollgate_upstream_responses_total{route="default",status="error"}"#,
+                1.0,
+            ),
+        ],
     );
 }
 
@@ -168,12 +167,12 @@ async fn no_route_is_404() {
     let reply = client.get("/elsewhere", &[]).await;
     assert_eq!(reply.status, 404);
     assert_eq!(reply.json()["error"], "not_found");
-    assert_eq!(
-        metric(
-            &gateway.render_metrics(),
-            r#"tollgate_requests_total{outcome="no_route",route="none"}"#
-        ),
-        1.0
+    assert_metrics(
+        &gateway.render_metrics(),
+        &[(
+            r#"tollgate_requests_total{outcome="no_route",route="none"}"#,
+            1.0,
+        )],
     );
 }
 
@@ -308,16 +307,28 @@ async fn admin_endpoints_live_only_on_the_admin_listener() {
     let scrape = admin.get("/metrics", &[]).await;
     assert_eq!(scrape.status, 200);
     let text = String::from_utf8_lossy(&scrape.body);
-    assert_eq!(
-        metric(
-            &text,
-            r#"tollgate_requests_total{outcome="allowed",route="default"}"#
-        ),
-        1.0
+    assert_metrics(
+        &text,
+        &[(
+            r#"tollgate_requests_total{outcome="allowed",route="default"}"#,
+            1.0,
+        )],
     );
     // On the public listener, /metrics is just another path, proxied to the app.
     let proxied = public.get("/metrics", &[]).await;
     assert_eq!(proxied.json()["uri"], "/metrics");
+}
+
+/// The status of a login for account "a".
+async fn login_status(client: &HttpClient) -> http::StatusCode {
+    client
+        .post(
+            "/login",
+            &[("content-type", "application/json")],
+            r#"{"email":"a"}"#,
+        )
+        .await
+        .status
 }
 
 #[tokio::test]
@@ -328,30 +339,10 @@ async fn reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() {
     let client = HttpClient::new(gateway.addresses[0]);
     for _ in 0..2 {
         assert_eq!(client.get("/", &[]).await.status, 200);
-        assert_eq!(
-            client
-                .post(
-                    "/login",
-                    &[("content-type", "application/json")],
-                    r#"{"email":"a"}"#
-                )
-                .await
-                .status,
-            200
-        );
+        assert_eq!(login_status(&client).await, 200);
     }
     assert_eq!(client.get("/", &[]).await.status, 429);
-    assert_eq!(
-        client
-            .post(
-                "/login",
-                &[("content-type", "application/json")],
-                r#"{"email":"a"}"#
-            )
-            .await
-            .status,
-        429
-    );
+    assert_eq!(login_status(&client).await, 429);
     // Raise per_account only: per_network keeps its (empty) bucket, per_account starts fresh.
     let raised = policy.replace(
         "key = { json_field = \"email\" }\ncapacity = 2",
@@ -365,29 +356,9 @@ async fn reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() {
         "unchanged limit kept its state"
     );
     for _ in 0..5 {
-        assert_eq!(
-            client
-                .post(
-                    "/login",
-                    &[("content-type", "application/json")],
-                    r#"{"email":"a"}"#
-                )
-                .await
-                .status,
-            200
-        );
+        assert_eq!(login_status(&client).await, 200);
     }
-    assert_eq!(
-        client
-            .post(
-                "/login",
-                &[("content-type", "application/json")],
-                r#"{"email":"a"}"#
-            )
-            .await
-            .status,
-        429
-    );
+    assert_eq!(login_status(&client).await, 429);
 }
 
 #[tokio::test]

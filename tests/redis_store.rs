@@ -291,12 +291,12 @@ async fn the_deny_cache_spares_redis_while_a_bucket_is_empty() {
         "no Redis call for a bucket known to be empty"
     );
     assert_eq!(gateway.redis_store().unwrap().deny_cache_refusals(), 50);
-    assert_eq!(
-        metric(
-            &gateway.render_metrics(),
-            r#"tollgate_limited_total{limit="everyone",route="global"}"#
-        ),
-        51.0
+    assert_metrics(
+        &gateway.render_metrics(),
+        &[(
+            r#"tollgate_limited_total{limit="everyone",route="global"}"#,
+            51.0,
+        )],
     );
 }
 
@@ -423,19 +423,18 @@ async fn redis_down_follows_each_routes_failure_policy_and_recovers() {
         errors >= 3.0 && errors < degraded,
         "the open circuit spares calls: {errors} errors for {degraded} degraded decisions"
     );
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_requests_total{outcome="degraded_allowed",route="allow"}"#
-        ),
-        10.0
-    );
-    assert_eq!(
-        metric(
-            &scrape,
-            r#"tollgate_requests_total{outcome="store_unavailable",route="deny"}"#
-        ),
-        10.0
+    assert_metrics(
+        &scrape,
+        &[
+            (
+                r#"tollgate_requests_total{outcome="degraded_allowed",route="allow"}"#,
+                10.0,
+            ),
+            (
+                r#"tollgate_requests_total{outcome="store_unavailable",route="deny"}"#,
+                10.0,
+            ),
+        ],
     );
     assert_eq!(admin.get("/readyz", &[]).await.status, 503);
 

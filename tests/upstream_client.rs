@@ -52,6 +52,8 @@ enum Then {
     Close,
     /// Keeps the connection for a moment, then closes it while it sits idle.
     CloseWhenIdle,
+    /// Reads the next request on the connection, then closes it without an answer.
+    DropNextRequest,
 }
 
 /// The raw answer to a request path.
@@ -81,6 +83,10 @@ fn script(path: &str) -> (Vec<u8>, Then) {
             Then::Close,
         ),
         "/garbage" => answer("SSH-2.0-OpenSSH_9.6\r\n\r\n", Then::Close),
+        "/drop-next" => answer(
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            Then::DropNextRequest,
+        ),
         "/idle-close" => answer(
             "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nonce",
             Then::CloseWhenIdle,
@@ -127,6 +133,7 @@ async fn start_scripted_upstream() -> ScriptedUpstream {
 
 async fn serve_scripted(mut stream: TcpStream, log: Arc<Mutex<Vec<String>>>) {
     let mut buffer = Vec::new();
+    let mut drop_next = false;
     loop {
         let Some(end) = read_request(&mut stream, &mut buffer).await else {
             return;
@@ -135,12 +142,16 @@ async fn serve_scripted(mut stream: TcpStream, log: Arc<Mutex<Vec<String>>>) {
         let request = String::from_utf8_lossy(&request).into_owned();
         let path = request.split_whitespace().nth(1).unwrap_or("/").to_owned();
         log.lock().push(request);
+        if drop_next {
+            return;
+        }
         let (answer, then) = script(&path);
         if stream.write_all(&answer).await.is_err() {
             return;
         }
         match then {
             Then::KeepOpen => {}
+            Then::DropNextRequest => drop_next = true,
             Then::Close => return,
             Then::CloseWhenIdle => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -170,6 +181,17 @@ async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<us
             Ok(read) => buffer.extend_from_slice(&chunk[..read]),
         }
     }
+}
+
+/// A POST whose body the gateway reads (for the account key), so it is in memory.
+async fn login(client: &HttpClient) -> Reply {
+    client
+        .post(
+            "/login",
+            &[("content-type", "application/json")],
+            r#"{"email":"a@example.com"}"#,
+        )
+        .await
 }
 
 #[tokio::test]
@@ -250,13 +272,7 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
     // Wait until the upstream has closed it (it does after 100 ms idle).
     tokio::time::sleep(Duration::from_millis(400)).await;
     // Not idempotent, so never retried: it must not go out on the closed connection.
-    let reply = client
-        .post(
-            "/login",
-            &[("content-type", "application/json")],
-            r#"{"email":"a@example.com"}"#,
-        )
-        .await;
+    let reply = login(&client).await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
     assert_eq!(upstream.connections.load(Ordering::SeqCst), 2);
     let requests = upstream.requests.lock();
@@ -295,4 +311,23 @@ async fn broken_and_invalid_responses_fail_cleanly() {
 
     let client = HttpClient::new(address);
     assert_eq!(client.get("/", &[]).await.body, "ok", "the gateway goes on");
+}
+
+#[tokio::test]
+async fn a_reused_connection_that_fails_unanswered_is_retried_only_for_idempotent_requests() {
+    let upstream = start_scripted_upstream().await;
+    let gateway = start_gateway(POLICY, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    assert_eq!(client.get("/drop-next", &[]).await.body, "ok");
+    // The upstream takes the next request on that connection and closes it unanswered: a GET
+    // goes out once more on a new connection.
+    let reply = client.get("/", &[]).await;
+    assert_eq!((reply.status.as_u16(), &reply.body[..]), (200, &b"ok"[..]));
+    assert_eq!(upstream.connections.load(Ordering::SeqCst), 2);
+
+    assert_eq!(client.get("/drop-next", &[]).await.body, "ok");
+    // A POST might have been acted on: it is not sent twice.
+    let reply = login(&client).await;
+    assert_eq!(reply.status, 502);
+    assert_eq!(upstream.connections.load(Ordering::SeqCst), 2);
 }

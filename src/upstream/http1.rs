@@ -24,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+use super::header_tokens;
 use crate::{Body, BoxError};
 
 /// A response head larger than this is refused.
@@ -348,7 +349,8 @@ fn parse_head(buffer: &[u8], method: &Method) -> Result<Option<(Head, usize)>, S
     let (framing, reusable) = framing(status, method, &headers)?;
     let keep_alive = reusable
         && version == Version::HTTP_11
-        && !has_token(&headers, header::CONNECTION, "close");
+        && !header_tokens(&headers, header::CONNECTION)
+            .any(|token| token.eq_ignore_ascii_case("close"));
     Ok(Some((
         Head {
             status,
@@ -376,13 +378,9 @@ fn framing(
         return Ok((Framing::Empty, true));
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
-        let chunked_last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.rsplit(',').next())
-            .is_some_and(|coding| coding.trim().eq_ignore_ascii_case("chunked"));
+        let chunked_last = header_tokens(headers, header::TRANSFER_ENCODING)
+            .last()
+            .is_some_and(|coding| coding.eq_ignore_ascii_case("chunked"));
         // With a Content-Length beside it, or another coding last, the message is suspect:
         // read it as the transfer coding says and do not reuse the connection.
         let clean = chunked_last && !headers.contains_key(header::CONTENT_LENGTH);
@@ -412,15 +410,6 @@ fn framing(
         Some(length) => (Framing::Length(length), true),
         None => (Framing::UntilClose, false),
     })
-}
-
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|piece| piece.trim().eq_ignore_ascii_case(token))
 }
 
 /// How a response body is delimited.

@@ -355,6 +355,13 @@ pub fn raw_status(response: &str) -> u16 {
         .unwrap_or_else(|| panic!("no status line in {response:?}"))
 }
 
+/// Asserts the value of each series in a metrics scrape.
+pub fn assert_metrics(scrape: &str, expected: &[(&str, f64)]) {
+    for (series, value) in expected {
+        assert_eq!(metric(scrape, series), *value, "{series}");
+    }
+}
+
 /// The value of one sample in a metrics scrape, e.g. `tollgate_requests_total{outcome="limited",route="login"}`.
 pub fn metric(scrape: &str, series: &str) -> f64 {
     scrape

@@ -53,7 +53,7 @@ fn decision(c: &mut Criterion) {
         key: BucketKey {
             limit: Arc::from(limit),
             fingerprint: 1,
-            parts,
+            parts: parts.into(),
         },
         charge,
         adaptive: None,

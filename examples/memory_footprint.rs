@@ -39,9 +39,11 @@ fn main() {
             key: BucketKey {
                 limit: limit.clone(),
                 fingerprint: 1,
-                parts: vec![KeyPart::Network(ipnet::IpNet::from(
+                parts: [KeyPart::Network(ipnet::IpNet::from(
                     ipnet::Ipv4Net::new(address, 24).unwrap(),
-                ))],
+                ))]
+                .into_iter()
+                .collect(),
             },
             charge: Charge {
                 capacity: 20.0,

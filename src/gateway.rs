@@ -25,7 +25,9 @@ use smallvec::SmallVec;
 use crate::client_ip;
 use crate::config::{Mode, Policy, Route, StoreFailurePolicy};
 use crate::key::{self, RequestFacts};
-use crate::limit::{BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
+use crate::limit::{
+    BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError, Verdicts,
+};
 use crate::metrics::{Outcome, RouteMetrics, StatusClass};
 use crate::respond::{self, LimitReport, Refusal};
 use crate::upstream::{self, ForwardError, OutgoingBody};
@@ -276,7 +278,7 @@ impl Gateway {
         let mut outcome = Outcome::Allowed;
         let admit_all = Decision {
             admitted: true,
-            verdicts: Vec::new(),
+            verdicts: Verdicts::new(),
         };
         let (decision, decider) = if buckets.is_empty() {
             (admit_all, Decider::Nobody)

@@ -4,6 +4,7 @@
 //! request itself (header, query, cookie, body field) is reduced to a keyed hash before it
 //! goes anywhere near a store, so no email or token is ever stored in clear.
 
+use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::net::IpAddr;
 
@@ -11,7 +12,7 @@ use http::HeaderMap;
 use ipnet::IpNet;
 
 use crate::config::{KeySource, Limit, Missing, Normalize};
-use crate::limit::KeyPart;
+use crate::limit::{KeyPart, KeyParts};
 
 /// Hashes request-derived key values with a secret, so stored keys reveal nothing.
 #[derive(Clone)]
@@ -110,7 +111,7 @@ pub fn extract(
     limit: &Limit,
     facts: &RequestFacts<'_>,
     hasher: &KeyHasher,
-) -> Result<Option<Vec<KeyPart>>, KeyError> {
+) -> Result<Option<KeyParts>, KeyError> {
     if limit
         .exempt
         .iter()
@@ -118,7 +119,7 @@ pub fn extract(
     {
         return Ok(None);
     }
-    let mut parts = Vec::with_capacity(limit.key.len());
+    let mut parts = KeyParts::new();
     for source in &limit.key {
         let part = match source {
             KeySource::Global => continue,
@@ -158,7 +159,7 @@ pub fn client_network(client: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpNet
         .unwrap_or_else(|_| IpNet::from(client))
 }
 
-fn normalize(value: &str, normalize: Normalize) -> std::borrow::Cow<'_, str> {
+fn normalize(value: &str, normalize: Normalize) -> Cow<'_, str> {
     match normalize {
         Normalize::None => value.into(),
         Normalize::Lowercase => value.to_lowercase().into(),
@@ -178,19 +179,33 @@ fn describe(source: &KeySource) -> String {
     }
 }
 
-/// The value a source names in this request; empty values count as missing.
-fn value_of(source: &KeySource, facts: &RequestFacts<'_>) -> Result<Option<String>, KeyError> {
+/// The value a source names in this request; empty values count as missing. Borrowed from
+/// the request where it can be (a header or cookie sent once, the usual case).
+fn value_of<'f>(
+    source: &KeySource,
+    facts: &'f RequestFacts<'_>,
+) -> Result<Option<Cow<'f, str>>, KeyError> {
     let value = match source {
         KeySource::ClientNetwork | KeySource::Global => None,
         KeySource::Header(name) => {
-            let values: Vec<String> = facts
+            // Repeated header fields are one list: their values joined with commas.
+            let mut values = facts
                 .headers
                 .get_all(name.as_str())
                 .iter()
-                .map(|value| String::from_utf8_lossy(value.as_bytes()).trim().to_owned())
-                .filter(|value| !value.is_empty())
-                .collect();
-            (!values.is_empty()).then(|| values.join(","))
+                .map(|value| trimmed(String::from_utf8_lossy(value.as_bytes())))
+                .filter(|value| !value.is_empty());
+            values.next().map(|first| match values.next() {
+                None => first,
+                Some(second) => {
+                    let mut joined = first.into_owned();
+                    for value in std::iter::once(second).chain(values) {
+                        joined.push(',');
+                        joined.push_str(&value);
+                    }
+                    Cow::Owned(joined)
+                }
+            })
         }
         KeySource::Query(name) => {
             let pairs = facts
@@ -208,6 +223,7 @@ fn value_of(source: &KeySource, facts: &RequestFacts<'_>) -> Result<Option<Strin
                     .filter(|(key, _)| key == name)
                     .map(|(_, value)| value.as_str()),
             )?
+            .map(|value| Cow::Owned(value.to_owned()))
         }
         KeySource::Cookie(name) => {
             let cookies = facts
@@ -219,7 +235,7 @@ fn value_of(source: &KeySource, facts: &RequestFacts<'_>) -> Result<Option<Strin
                 .filter_map(|pair| pair.trim().split_once('='))
                 .filter(|(key, _)| key.trim() == name)
                 .map(|(_, value)| value.trim().trim_matches('"'));
-            single_value(source, cookies)?
+            single_value(source, cookies)?.map(Cow::Borrowed)
         }
         KeySource::FormField(name) => {
             let values = facts
@@ -227,11 +243,21 @@ fn value_of(source: &KeySource, facts: &RequestFacts<'_>) -> Result<Option<Strin
                 .iter()
                 .filter(|(key, _)| key == name)
                 .map(|(_, value)| value.as_str());
-            single_value(source, values)?
+            single_value(source, values)?.map(Cow::Borrowed)
         }
-        KeySource::JsonField(path) => facts.json().and_then(|json| json_field(json, path)),
+        KeySource::JsonField(path) => facts
+            .json()
+            .and_then(|json| json_field(json, path))
+            .map(Cow::Owned),
     };
     Ok(value.filter(|value| !value.trim().is_empty()))
+}
+
+fn trimmed(value: Cow<'_, str>) -> Cow<'_, str> {
+    match value {
+        Cow::Borrowed(text) => Cow::Borrowed(text.trim()),
+        Cow::Owned(text) => Cow::Owned(text.trim().to_owned()),
+    }
 }
 
 /// One value, even if repeated; different values would let the limit count one and the
@@ -239,7 +265,7 @@ fn value_of(source: &KeySource, facts: &RequestFacts<'_>) -> Result<Option<Strin
 fn single_value<'v>(
     source: &KeySource,
     mut values: impl Iterator<Item = &'v str>,
-) -> Result<Option<String>, KeyError> {
+) -> Result<Option<&'v str>, KeyError> {
     let Some(first) = values.next() else {
         return Ok(None);
     };
@@ -248,7 +274,7 @@ fn single_value<'v>(
             what: describe(source),
         });
     }
-    Ok(Some(first.to_owned()))
+    Ok(Some(first))
 }
 
 /// Follows a dotted path (`user.email`) to a scalar.
@@ -283,7 +309,7 @@ mod tests {
         headers: &[(&str, &str)],
         query: Option<&str>,
         body: Option<&str>,
-    ) -> Result<Option<Vec<KeyPart>>, KeyError> {
+    ) -> Result<Option<KeyParts>, KeyError> {
         let mut map = HeaderMap::new();
         for (name, value) in headers {
             map.append(

@@ -22,6 +22,9 @@ pub use clock::{Clock, Timestamp};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
 
+/// A key's parts: one for most limits, two for a composite key, kept inline up to that.
+pub type KeyParts = smallvec::SmallVec<[KeyPart; 2]>;
+
 /// One component of a bucket key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KeyPart {
@@ -51,7 +54,7 @@ pub struct BucketKey {
     /// Changes whenever the limit's definition changes, so a redefined limit starts fresh.
     pub fingerprint: u64,
     /// Empty for a `global` limit.
-    pub parts: Vec<KeyPart>,
+    pub parts: KeyParts,
 }
 
 impl fmt::Display for BucketKey {
@@ -91,11 +94,14 @@ pub struct OutcomeRequest {
     pub error: bool,
 }
 
+/// One verdict per bucket of a request, inline for the usual handful.
+pub type Verdicts = smallvec::SmallVec<[Verdict; 4]>;
+
 /// A store's answer for all of a request's buckets, in the order they were asked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     pub admitted: bool,
-    pub verdicts: Vec<Verdict>,
+    pub verdicts: Verdicts,
 }
 
 #[derive(Debug, thiserror::Error)]

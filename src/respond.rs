@@ -162,7 +162,7 @@ pub fn store_unavailable(retry_after: u64) -> Response<Body> {
     );
     response
         .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(retry_after));
+        .insert(RETRY_AFTER, number_value(retry_after));
     response
 }
 
@@ -212,7 +212,7 @@ pub fn too_many_requests(mode: HeaderMode, reports: &[LimitReport<'_>]) -> Respo
     };
     response
         .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(retry_after));
+        .insert(RETRY_AFTER, number_value(retry_after));
     add_ratelimit_headers(response.headers_mut(), mode, reports);
     response
 }
@@ -238,6 +238,12 @@ pub fn add_ratelimit_headers(
     if matches!(mode, HeaderMode::Ietf | HeaderMode::Both) {
         add_ietf_headers(headers, reports);
     }
+}
+
+/// A number as a header value in one allocation (`HeaderValue::from` makes two).
+fn number_value(value: u64) -> HeaderValue {
+    HeaderValue::from_bytes(itoa::Buffer::new().format(value).as_bytes())
+        .unwrap_or_else(|_| HeaderValue::from(value))
 }
 
 /// The most constrained limit: on a refusal the refusing one with the longest wait,
@@ -266,10 +272,10 @@ fn add_legacy_headers(headers: &mut HeaderMap, reports: &[LimitReport<'_>]) {
     }
     headers.insert(
         RATELIMIT_LIMIT,
-        HeaderValue::from(whole(report.capacity.floor())),
+        number_value(whole(report.capacity.floor())),
     );
-    headers.insert(RATELIMIT_REMAINING, HeaderValue::from(report.remaining()));
-    headers.insert(RATELIMIT_RESET, HeaderValue::from(reset));
+    headers.insert(RATELIMIT_REMAINING, number_value(report.remaining()));
+    headers.insert(RATELIMIT_RESET, number_value(reset));
 }
 
 /// `RateLimit-Policy: "name";q=<capacity>;w=<seconds to refill>` and

@@ -8,6 +8,7 @@
 //! when it could not.
 
 use super::clock::Timestamp;
+use super::Verdicts;
 
 /// What a bucket holds between decisions. A bucket with no state is full.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -116,7 +117,7 @@ pub fn decide(
     charges: &[Charge],
     states: &mut [Option<BucketState>],
     now: Timestamp,
-    verdicts: &mut Vec<Verdict>,
+    verdicts: &mut Verdicts,
 ) -> bool {
     debug_assert_eq!(charges.len(), states.len());
     verdicts.clear();
@@ -197,8 +198,8 @@ mod tests {
         charges: &[Charge],
         states: &mut [Option<BucketState>],
         now: Timestamp,
-    ) -> (bool, Vec<Verdict>) {
-        let mut verdicts = Vec::new();
+    ) -> (bool, Verdicts) {
+        let mut verdicts = Verdicts::new();
         let admitted = decide(charges, states, now, &mut verdicts);
         (admitted, verdicts)
     }

@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 use super::adaptive::{AdaptiveParams, AdaptiveState};
 use super::bucket::{self, BucketState, Charge};
 use super::clock::{Clock, Timestamp};
-use super::{BucketKey, BucketRequest, Decision, OutcomeRequest};
+use super::{BucketKey, BucketRequest, Decision, OutcomeRequest, Verdicts};
 
 /// Buckets per shard before one is considered for its own lock.
 const KEYS_PER_SHARD_TARGET: usize = 4096;
@@ -184,7 +184,7 @@ impl MemoryStore {
                     entry.effective(&request.charge, request.adaptive.as_ref(), now)
                 }));
             }
-            let mut verdicts = Vec::with_capacity(requests.len());
+            let mut verdicts = Verdicts::with_capacity(requests.len());
             let admitted = bucket::decide(&charges, &mut states, now, &mut verdicts);
             for (((request, id), position), (state, verdict)) in requests
                 .iter()
@@ -344,7 +344,7 @@ mod tests {
             key: BucketKey {
                 limit: Arc::from(limit),
                 fingerprint: 7,
-                parts: vec![KeyPart::Digest([who; 16])],
+                parts: smallvec::smallvec![KeyPart::Digest([who; 16])],
             },
             charge: Charge {
                 capacity,

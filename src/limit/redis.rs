@@ -27,7 +27,8 @@ use super::breaker::{Breaker, Permit};
 use super::clock::Clock;
 use super::deny_cache::DenyCache;
 use super::{
-    AdaptiveParams, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError, Verdict,
+    AdaptiveParams, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError,
+    Verdict, Verdicts,
 };
 use crate::config::RedisSettings;
 
@@ -198,7 +199,7 @@ impl RedisStore {
     fn refuse_from_cache(&self, requests: &[BucketRequest], keys: &[String]) -> Option<Decision> {
         let now = self.clock.now();
         let mut refused = false;
-        let verdicts: Vec<Verdict> = requests
+        let verdicts: Verdicts = requests
             .iter()
             .zip(keys)
             .map(|(request, key)| {
@@ -237,7 +238,7 @@ impl RedisStore {
                 .map(|group| self.call_decide(requests, keys, group)),
         )
         .await;
-        let mut verdicts = vec![Verdict::unobserved(); requests.len()];
+        let mut verdicts: Verdicts = smallvec::smallvec![Verdict::unobserved(); requests.len()];
         let mut admitted = true;
         let mut charged_groups = Vec::new();
         for (group, reply) in groups.iter().zip(replies) {

@@ -34,16 +34,38 @@ pub enum KeyPart {
     Digest([u8; 16]),
 }
 
-impl fmt::Display for KeyPart {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl KeyPart {
+    /// Appends the part as store keys spell it: `v4:203.0.113.0/24`, `v6:2001:db8::/64`,
+    /// `h:` and 32 hex digits. Written without the formatting machinery: the Redis store
+    /// spells every bucket key of every request.
+    pub fn push_to(&self, out: &mut String) {
+        use fmt::Write as _;
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         match self {
-            KeyPart::Network(IpNet::V4(net)) => write!(f, "v4:{net}"),
-            KeyPart::Network(IpNet::V6(net)) => write!(f, "v6:{net}"),
+            KeyPart::Network(IpNet::V4(net)) => {
+                out.push_str("v4:");
+                let _ = write!(out, "{net}");
+            }
+            KeyPart::Network(IpNet::V6(net)) => {
+                out.push_str("v6:");
+                let _ = write!(out, "{net}");
+            }
             KeyPart::Digest(digest) => {
-                f.write_str("h:")?;
-                digest.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+                out.push_str("h:");
+                for byte in digest {
+                    out.push(char::from(HEX[usize::from(byte >> 4)]));
+                    out.push(char::from(HEX[usize::from(byte & 0xf)]));
+                }
             }
         }
+    }
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut text = String::new();
+        self.push_to(&mut text);
+        f.write_str(&text)
     }
 }
 
@@ -57,20 +79,29 @@ pub struct BucketKey {
     pub parts: KeyParts,
 }
 
-impl fmt::Display for BucketKey {
-    /// `<limit>:<key>` — the store key without its prefix.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:", self.limit)?;
+impl BucketKey {
+    /// Appends `<limit>:<key>`, the store key without its prefix.
+    pub fn push_to(&self, out: &mut String) {
+        out.push_str(&self.limit);
+        out.push(':');
         if self.parts.is_empty() {
-            return f.write_str("global");
+            out.push_str("global");
         }
         for (index, part) in self.parts.iter().enumerate() {
             if index > 0 {
-                f.write_str("|")?;
+                out.push('|');
             }
-            write!(f, "{part}")?;
+            part.push_to(out);
         }
-        Ok(())
+    }
+}
+
+impl fmt::Display for BucketKey {
+    /// `<limit>:<key>` — the store key without its prefix.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut text = String::new();
+        self.push_to(&mut text);
+        f.write_str(&text)
     }
 }
 
@@ -168,5 +199,36 @@ impl Store {
             // Redis expires its keys itself (PEXPIRE).
             Store::Redis(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_keys_spell_limit_and_parts() {
+        let key = |parts: KeyParts| BucketKey {
+            limit: Arc::from("login"),
+            fingerprint: 7,
+            parts,
+        };
+        let mut digest = [0u8; 16];
+        digest[0] = 0x0f;
+        digest[1] = 0xa0;
+        digest[15] = 0xff;
+        let composite = key(smallvec::smallvec![
+            KeyPart::Network("2001:db8:1:2::/64".parse().unwrap()),
+            KeyPart::Digest(digest),
+        ]);
+        assert_eq!(
+            composite.to_string(),
+            "login:v6:2001:db8:1:2::/64|h:0fa000000000000000000000000000ff"
+        );
+        let network = key(smallvec::smallvec![KeyPart::Network(
+            "203.0.113.0/24".parse().unwrap()
+        )]);
+        assert_eq!(network.to_string(), "login:v4:203.0.113.0/24");
+        assert_eq!(key(KeyParts::new()).to_string(), "login:global");
     }
 }

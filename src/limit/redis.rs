@@ -151,7 +151,10 @@ impl RedisStore {
 
     /// The store key of a bucket: `<prefix><limit>:<key>`.
     pub fn key(&self, key: &BucketKey) -> String {
-        format!("{}{key}", self.prefix)
+        let mut text = String::with_capacity(self.prefix.len() + key.limit.len() + 40);
+        text.push_str(&self.prefix);
+        key.push_to(&mut text);
+        text
     }
 
     pub async fn decide(&self, requests: &[BucketRequest]) -> Result<Decision, StoreError> {
@@ -284,27 +287,22 @@ impl RedisStore {
         keys: &[String],
         group: &[usize],
     ) -> Result<GroupReply, StoreError> {
-        let mut invocation = self.decide.prepare_invoke();
-        for index in group {
-            let request = &requests[*index];
-            let charge = &request.charge;
-            let (factor, min_capacity) = request
-                .adaptive
-                .map_or((0.0, 0.0), |params| (params.factor, params.min_capacity));
-            invocation
-                .key(&keys[*index])
-                .arg(Number(charge.capacity))
-                .arg(Number(charge.rate))
-                .arg(Number(charge.cost))
-                .arg(if charge.enforce { 1 } else { 0 })
-                .arg(Number(factor))
-                .arg(Number(min_capacity));
-        }
-        let reply: String = match &self.connection {
-            Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
-            Connection::Cluster(_) => invocation.invoke_async(&mut self.cluster().await?).await,
-        }
-        .map_err(|error| StoreError::Redis(error.to_string()))?;
+        let reply: String = self
+            .run_script(&self.decide, keys, group, |command, position| {
+                let request = &requests[group[position]];
+                let charge = &request.charge;
+                let (factor, min_capacity) = request
+                    .adaptive
+                    .map_or((0.0, 0.0), |params| (params.factor, params.min_capacity));
+                command
+                    .arg(Number(charge.capacity))
+                    .arg(Number(charge.rate))
+                    .arg(Number(charge.cost))
+                    .arg(if charge.enforce { 1 } else { 0 })
+                    .arg(Number(factor))
+                    .arg(Number(min_capacity));
+            })
+            .await?;
         parse_decide_reply(&reply, group.len())
     }
 
@@ -317,19 +315,16 @@ impl RedisStore {
         if charged.is_empty() {
             return Ok(());
         }
-        let mut invocation = self.refund.prepare_invoke();
-        for (index, charge) in &charged {
-            invocation
-                .key(&keys[*index])
-                .arg(Number(charge.capacity))
-                .arg(Number(charge.rate))
-                .arg(Number(charge.cost));
-        }
-        let _: i64 = match &self.connection {
-            Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
-            Connection::Cluster(_) => invocation.invoke_async(&mut self.cluster().await?).await,
-        }
-        .map_err(|error| StoreError::Redis(error.to_string()))?;
+        let group: Vec<usize> = charged.iter().map(|(index, _)| *index).collect();
+        let _: i64 = self
+            .run_script(&self.refund, keys, &group, |command, position| {
+                let charge = &charged[position].1;
+                command
+                    .arg(Number(charge.capacity))
+                    .arg(Number(charge.rate))
+                    .arg(Number(charge.cost));
+            })
+            .await?;
         Ok(())
     }
 
@@ -384,9 +379,8 @@ impl RedisStore {
         keys: &[String],
         group: &[usize],
     ) -> Result<Vec<String>, StoreError> {
-        let mut invocation = self.outcome.prepare_invoke();
-        for index in group {
-            let request = &requests[*index];
+        self.run_script(&self.outcome, keys, group, |command, position| {
+            let request = &requests[group[position]];
             let charge = &request.charge;
             let adaptive = request.adaptive.unwrap_or(AdaptiveParams {
                 threshold: 1,
@@ -395,8 +389,7 @@ impl RedisStore {
                 min_capacity: 0.0,
                 hold: 0.0,
             });
-            invocation
-                .key(&keys[*index])
+            command
                 .arg(Number(charge.capacity))
                 .arg(Number(charge.rate))
                 .arg(Number(charge.cost))
@@ -406,12 +399,33 @@ impl RedisStore {
                 .arg(Number(adaptive.factor))
                 .arg(Number(adaptive.min_capacity))
                 .arg((adaptive.hold * 1e6).round() as i64);
+        })
+        .await
+    }
+
+    /// Runs `script` by its hash over the keys `group` selects, with the arguments `args`
+    /// writes for each (given its position in `group`), all in one command buffer: the
+    /// script-invocation type would allocate a vector per argument.
+    async fn run_script<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        group: &[usize],
+        mut args: impl FnMut(&mut redis::Cmd, usize),
+    ) -> Result<T, StoreError> {
+        let mut command = redis::cmd("EVALSHA");
+        command.arg(script.get_hash()).arg(group.len());
+        for index in group {
+            command.arg(&keys[*index]);
         }
-        match &self.connection {
-            Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
-            Connection::Cluster(_) => invocation.invoke_async(&mut self.cluster().await?).await,
+        for position in 0..group.len() {
+            args(&mut command, position);
         }
-        .map_err(|error| StoreError::Redis(error.to_string()))
+        let result = match &self.connection {
+            Connection::Single(manager) => evaluate(script, &command, &mut manager.clone()).await,
+            Connection::Cluster(_) => evaluate(script, &command, &mut self.cluster().await?).await,
+        };
+        result.map_err(|error| StoreError::Redis(error.to_string()))
     }
 
     async fn cluster(&self) -> Result<ClusterConnection, StoreError> {
@@ -530,6 +544,24 @@ fn crc16(data: &[u8]) -> u16 {
         }
     }
     crc
+}
+
+/// Sends a script's `EVALSHA`; on NOSCRIPT (the first call, or Redis restarted or flushed its
+/// scripts) loads the script and sends it once more.
+async fn evaluate<T: redis::FromRedisValue>(
+    script: &Script,
+    command: &redis::Cmd,
+    connection: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<T> {
+    match command.query_async(connection).await {
+        Err(error)
+            if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+        {
+            script.load_async(connection).await?;
+            command.query_async(connection).await
+        }
+        result => result,
+    }
 }
 
 /// A number as a script argument. Capacities, rates and costs are usually whole numbers:

@@ -1,6 +1,8 @@
 //! Listeners and connections: accept, terminate TLS when configured, serve HTTP/1.1
-//! (keep-alive, upgrades) and HTTP/2 (ALPN, or h2c with prior knowledge) on the same port, enforce the connection-level guards (header read timeout,
-//! header size, idle timeout), and drain on shutdown.
+//! (keep-alive, upgrades) and HTTP/2 (ALPN, or h2c with prior knowledge) on the same port,
+//! enforce the connection-level guards (header read timeout, header size, idle timeout), and
+//! drain on shutdown. Plain bodyless HTTP/1.1 requests take the server's own path
+//! (`server/http1.rs`); hyper serves everything else.
 
 use std::pin::pin;
 use std::pin::Pin;
@@ -9,6 +11,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::{Bytes, BytesMut};
+use http::Request;
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -17,7 +22,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::ServerSettings;
-use crate::gateway::{Connection, Gateway};
+use crate::gateway::{Connection, Gateway, RequestBody};
+
+mod http1;
 
 /// hyper's smallest read buffer.
 const MIN_BUFFER: usize = 8192;
@@ -48,29 +55,30 @@ pub(crate) async fn serve(
         let _ = stream.set_nodelay(true);
         let peer = peer.ip().to_canonical();
         let (gateway, builder, shutdown) = (gateway.clone(), builder.clone(), shutdown.clone());
-        let (idle_timeout, handshake_timeout) =
-            (settings.idle_timeout, settings.header_read_timeout);
+        let guards = ConnectionGuards {
+            own_http1: true,
+            max_head_bytes: settings.max_header_bytes.max(MIN_BUFFER),
+            header_read_timeout: settings.header_read_timeout,
+            idle_timeout: settings.idle_timeout,
+        };
         gateway.shared.tasks.clone().spawn(async move {
             if !tls {
                 let connection = Connection::new(peer, "http");
-                return serve_connection(
-                    stream,
-                    connection,
-                    gateway,
-                    builder,
-                    idle_timeout,
-                    shutdown,
-                )
-                .await;
+                return serve_connection(stream, connection, gateway, builder, guards, shutdown)
+                    .await;
             }
             let Some(acceptor) = gateway.shared.tls.load_full() else {
                 return;
             };
-            match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+            let handshake = acceptor.accept(stream);
+            match tokio::time::timeout(guards.header_read_timeout, handshake).await {
                 Ok(Ok(stream)) => {
                     let connection = Connection::new(peer, "https");
-                    serve_connection(stream, connection, gateway, builder, idle_timeout, shutdown)
-                        .await;
+                    let guards = ConnectionGuards {
+                        own_http1: stream.get_ref().1.alpn_protocol() != Some(b"h2"),
+                        ..guards
+                    };
+                    serve_connection(stream, connection, gateway, builder, guards, shutdown).await;
                 }
                 Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -100,25 +108,50 @@ async fn serve_connection<S>(
     connection: Connection,
     gateway: Gateway,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    idle_timeout: Duration,
+    guards: ConnectionGuards,
     mut shutdown: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(TrackedStream {
+    let mut stream = TrackedStream {
         inner: stream,
         activity: activity.clone(),
-    });
+        read_ahead: Bytes::new(),
+    };
+    let mut watchdog = Watchdog::new(activity, &guards);
+    let mut buffer = BytesMut::new();
+    if guards.own_http1 {
+        let limits = http1::HeadLimits {
+            max_bytes: guards.max_head_bytes,
+            read_timeout: guards.header_read_timeout,
+        };
+        let ending = http1::serve(
+            &mut stream,
+            &mut buffer,
+            &mut watchdog,
+            &mut shutdown,
+            &limits,
+            &gateway,
+            &connection,
+        )
+        .await;
+        if ending == http1::Ending::Closed {
+            return;
+        }
+    }
+    stream.read_ahead = buffer.freeze();
+    let io = TokioIo::new(stream);
     let peer = connection.peer;
-    let service = service_fn(move |request| {
+    let service = service_fn(move |request: Request<Incoming>| {
         let (gateway, connection) = (gateway.clone(), connection.clone());
-        async move { Ok::<_, std::convert::Infallible>(gateway.handle(request, connection).await) }
+        async move {
+            let request = request.map(RequestBody::Incoming);
+            Ok::<_, std::convert::Infallible>(gateway.handle(request, connection).await)
+        }
     });
     let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));
-    let check_every = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
     let mut draining = *shutdown.borrow();
-    let (mut last_moves, mut quiet_since) = (activity.count(), Instant::now());
     if draining {
         conn.as_mut().graceful_shutdown();
     }
@@ -134,16 +167,66 @@ async fn serve_connection<S>(
                 conn.as_mut().graceful_shutdown();
                 draining = true;
             }
-            _ = tokio::time::sleep(check_every), if !draining => {
-                let moves = activity.count();
-                if moves != last_moves {
-                    (last_moves, quiet_since) = (moves, Instant::now());
-                } else if quiet_since.elapsed() >= idle_timeout {
+            idle = watchdog.tick(), if !draining => {
+                if idle {
                     conn.as_mut().graceful_shutdown();
                     draining = true;
                 }
             }
         }
+    }
+}
+
+/// The per-connection settings of the protocol guards.
+#[derive(Clone, Copy)]
+struct ConnectionGuards {
+    /// Plain HTTP/1.1 requests take the server's own path (not after ALPN chose h2).
+    own_http1: bool,
+    max_head_bytes: usize,
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+/// Checks a connection's idleness at a steady pace, a fraction of the shortest guard timeout:
+/// no timer is set per request.
+pub(crate) struct Watchdog {
+    activity: Arc<Activity>,
+    idle_timeout: Duration,
+    ticks: tokio::time::Interval,
+    last_moves: u64,
+    quiet_since: Instant,
+}
+
+impl Watchdog {
+    fn new(activity: Arc<Activity>, guards: &ConnectionGuards) -> Watchdog {
+        let period = (guards.idle_timeout.min(guards.header_read_timeout) / 4)
+            .clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Watchdog {
+            last_moves: activity.count(),
+            activity,
+            idle_timeout: guards.idle_timeout,
+            ticks,
+            quiet_since: Instant::now(),
+        }
+    }
+
+    /// Waits for the next check; true when the connection has moved no bytes for the idle
+    /// timeout. Cancel-safe.
+    pub(crate) async fn tick(&mut self) -> bool {
+        self.ticks.tick().await;
+        let moves = self.activity.count();
+        if moves != self.last_moves {
+            (self.last_moves, self.quiet_since) = (moves, Instant::now());
+            return false;
+        }
+        self.quiet_since.elapsed() >= self.idle_timeout
+    }
+
+    /// Resolves once the connection has been idle for the idle timeout.
+    pub(crate) async fn until_idle(&mut self) {
+        while !self.tick().await {}
     }
 }
 
@@ -169,10 +252,12 @@ impl Activity {
     }
 }
 
-/// A stream that records activity, for the idle timeout.
+/// A client connection that records activity, for the idle timeout, and replays the bytes
+/// the server's own HTTP/1.1 path read ahead when it hands the connection to hyper.
 struct TrackedStream<S> {
     inner: S,
     activity: Arc<Activity>,
+    read_ahead: Bytes,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for TrackedStream<S> {
@@ -181,6 +266,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for TrackedStream<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if !self.read_ahead.is_empty() {
+            let count = self.read_ahead.len().min(buf.remaining());
+            buf.put_slice(&self.read_ahead.split_to(count));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {

@@ -301,7 +301,7 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 }
 
 /// The comma-separated tokens of every `name` field (`Connection: keep-alive, Upgrade`).
-fn header_tokens(headers: &HeaderMap, name: HeaderName) -> impl Iterator<Item = &str> {
+pub(crate) fn header_tokens(headers: &HeaderMap, name: HeaderName) -> impl Iterator<Item = &str> {
     headers
         .get_all(name)
         .iter()
@@ -350,6 +350,12 @@ pub fn rewrite_request_headers(
     upgrade: bool,
 ) {
     remove_hop_by_hop(headers, upgrade);
+    // Host first: it usually replaces a field, and HeaderMap makes room before it looks, so
+    // done last it could grow a map that is exactly full.
+    if let Some(host) = host {
+        headers.insert(header::HOST, host.clone());
+        headers.insert(X_FORWARDED_HOST, host.clone());
+    }
     let mut chain = String::new();
     for entry in headers
         .get_all(&X_FORWARDED_FOR)
@@ -371,10 +377,6 @@ pub fn rewrite_request_headers(
         headers.insert(X_FORWARDED_FOR, value);
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
-    if let Some(host) = host {
-        headers.insert(X_FORWARDED_HOST, host.clone());
-        headers.insert(header::HOST, host.clone());
-    }
 }
 
 #[cfg(test)]

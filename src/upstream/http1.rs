@@ -337,12 +337,16 @@ fn parse_head(buffer: &[u8], method: &Method) -> Result<Option<(Head, usize)>, S
     } else {
         Version::HTTP_10
     };
-    // Room for the headers the gateway adds (rate-limit state, request id) without a rehash.
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 8);
+    // Room for the headers the gateway adds (request id, the three legacy rate-limit
+    // headers) without a rehash; no more, to keep the map small.
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 4);
+    // The values are slices of one copy of the head, not one allocation each.
+    let head = Bytes::copy_from_slice(&buffer[..length]);
     for field in parsed.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| format!("invalid response header name {:?}", field.name))?;
-        let value = HeaderValue::from_bytes(field.value)
+        let start = field.value.as_ptr() as usize - buffer.as_ptr() as usize;
+        let value = HeaderValue::from_maybe_shared(head.slice(start..start + field.value.len()))
             .map_err(|_| format!("invalid value of response header {name}"))?;
         headers.append(name, value);
     }

@@ -334,6 +334,11 @@ pub async fn raw(address: SocketAddr, request: &[u8]) -> String {
 pub async fn raw_head(address: SocketAddr, request: &[u8]) -> (String, TcpStream) {
     let mut stream = TcpStream::connect(address).await.expect("connect");
     stream.write_all(request).await.expect("write");
+    (read_head(&mut stream).await, stream)
+}
+
+/// Reads a response head, byte by byte so that nothing after it is consumed.
+pub async fn read_head(stream: &mut TcpStream) -> String {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -343,7 +348,16 @@ pub async fn raw_head(address: SocketAddr, request: &[u8]) -> (String, TcpStream
             .expect("read");
         head.push(byte[0]);
     }
-    (String::from_utf8_lossy(&head).into_owned(), stream)
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// What the peer sent before closing the connection, or `None` if it is still open after 10 s.
+pub async fn rest_until_closed(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest))
+        .await
+        .ok()
+        .map(|_| rest)
 }
 
 /// The status code of a raw HTTP/1.1 response.

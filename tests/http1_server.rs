@@ -1,0 +1,209 @@
+//! The server's own HTTP/1.1 path over real sockets: pipelining, HEAD, `Connection: close`,
+//! the hand-over to hyper in the middle of a connection, and the connection guards (header
+//! read timeout, shutdown) on connections it serves.
+
+mod common;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tollgate::Tollgate;
+
+const POLICY: &str = r#"
+[server]
+listen = ["127.0.0.1:0"]
+header_read_timeout = "400ms"
+
+[upstreams.app]
+url = "http://{upstream}"
+
+[limits.per_network]
+key = "client_network"
+capacity = 1000
+rate = "1/h"
+
+[[routes]]
+name = "all"
+path_prefix = "/"
+upstream = "app"
+limits = ["per_network"]
+"#;
+
+/// One response read off a keep-alive connection.
+struct RawResponse {
+    head: String,
+    body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn status(&self) -> u16 {
+        raw_status(&self.head)
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|line| {
+            let (field, value) = line.split_once(':')?;
+            field
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_owned())
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Reads one response, framed by Content-Length or chunked (no body after a HEAD).
+async fn read_response(stream: &mut TcpStream, head_request: bool) -> RawResponse {
+    let mut response = RawResponse {
+        head: read_head(stream).await,
+        body: Vec::new(),
+    };
+    if head_request {
+        return response;
+    }
+    if let Some(length) = response.header("content-length") {
+        response.body = vec![0; length.parse().expect("a numeric length")];
+        stream.read_exact(&mut response.body).await.expect("body");
+        return response;
+    }
+    assert_eq!(
+        response.header("transfer-encoding").as_deref(),
+        Some("chunked"),
+        "{}",
+        response.head
+    );
+    let mut byte = [0u8; 1];
+    loop {
+        let mut line = Vec::new();
+        while !line.ends_with(b"\r\n") {
+            stream.read_exact(&mut byte).await.expect("chunk size");
+            line.push(byte[0]);
+        }
+        let size = usize::from_str_radix(std::str::from_utf8(&line).unwrap().trim(), 16)
+            .expect("a hexadecimal chunk size");
+        let mut chunk = vec![0; size + 2];
+        stream.read_exact(&mut chunk).await.expect("chunk");
+        if size == 0 {
+            return response;
+        }
+        response.body.extend_from_slice(&chunk[..size]);
+    }
+}
+
+/// Starts an upstream and a gateway, and sends `request` on a new connection to the gateway.
+async fn connect_and_send(policy: &str, request: &[u8]) -> (Upstream, Tollgate, TcpStream) {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(policy, upstream.address).await;
+    let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    (upstream, gateway, stream)
+}
+
+/// The URI the test upstream saw, from its JSON description of the request.
+fn upstream_uri(response: &RawResponse) -> String {
+    let description: serde_json::Value =
+        serde_json::from_slice(&response.body).expect("the upstream's JSON description");
+    description["uri"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_and_head_has_no_body() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(POLICY, upstream.address).await;
+    let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
+    stream
+        .write_all(
+            b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n\
+              HEAD /second HTTP/1.1\r\nHost: a\r\n\r\n\
+              GET /third?x=1 HTTP/1.1\r\nHost: a\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let first = read_response(&mut stream, false).await;
+    assert_eq!(first.status(), 200, "{}", first.head);
+    assert_eq!(upstream_uri(&first), "/first");
+    assert!(first.header("date").is_some(), "{}", first.head);
+    assert!(first.header("x-request-id").is_some(), "{}", first.head);
+    assert!(
+        first.header("ratelimit-remaining").is_some(),
+        "{}",
+        first.head
+    );
+    let second = read_response(&mut stream, true).await;
+    assert_eq!(second.status(), 200, "{}", second.head);
+    assert!(second.header("content-length").is_some(), "{}", second.head);
+    let third = read_response(&mut stream, false).await;
+    assert_eq!(upstream_uri(&third), "/third?x=1");
+    assert_eq!(upstream.hits.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_request_with_a_body_hands_the_connection_to_hyper_mid_way() {
+    let (_upstream, _gateway, mut stream) =
+        connect_and_send(POLICY, b"GET /before HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let before = read_response(&mut stream, false).await;
+    assert_eq!(upstream_uri(&before), "/before");
+    // The body request and the one after it arrive together: hyper gets both, in order.
+    stream
+        .write_all(
+            b"POST /echo-body HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello\
+              GET /after HTTP/1.1\r\nHost: a\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let echoed = read_response(&mut stream, false).await;
+    assert_eq!(echoed.status(), 200, "{}", echoed.head);
+    assert_eq!(echoed.text(), "hello");
+    let after = read_response(&mut stream, false).await;
+    assert_eq!(upstream_uri(&after), "/after");
+}
+
+#[tokio::test]
+async fn connection_close_is_answered_in_kind_and_the_connection_ends() {
+    let (_upstream, _gateway, mut stream) = connect_and_send(
+        POLICY,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let response = read_response(&mut stream, false).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.header("connection").as_deref(), Some("close"));
+    let rest = rest_until_closed(&mut stream)
+        .await
+        .expect("the connection is still open");
+    assert!(rest.is_empty());
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_cut_off_after_the_header_read_timeout() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(POLICY, upstream.address).await;
+    let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
+    assert!(
+        rest_until_closed(&mut stream).await.is_some(),
+        "a silent connection is still open after 10 s"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_closes_idle_keep_alive_connections_at_once() {
+    let upstream = start_upstream().await;
+    let policy = POLICY.replace("header_read_timeout = \"400ms\"", "");
+    let gateway = start_gateway(&policy, upstream.address).await;
+    let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut stream, false).await.status(), 200);
+    assert!(
+        gateway.shutdown().await,
+        "an idle keep-alive connection held up the drain"
+    );
+    assert!(
+        rest_until_closed(&mut stream).await.is_some(),
+        "the idle connection is still open"
+    );
+}

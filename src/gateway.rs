@@ -314,7 +314,7 @@ impl Gateway {
         };
 
         let mut reports: SmallVec<[LimitReport<'_>; 4]> = SmallVec::new();
-        let mut refusing = Vec::new();
+        let mut refusing: SmallVec<[&str; 4]> = SmallVec::new();
         for ((bucket, verdict), position) in buckets.iter().zip(&decision.verdicts).zip(&applied) {
             if !verdict.observed {
                 continue;

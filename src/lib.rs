@@ -133,12 +133,17 @@ impl Shared {
             }
         }
         let sequence = self.request_counter.fetch_add(1, Ordering::Relaxed);
-        let id = (u128::from(self.request_id_prefix) << 64) | u128::from(sequence);
         let mut hex = [0u8; 32];
-        for (index, digit) in hex.iter_mut().enumerate() {
-            *digit = b"0123456789abcdef"[((id >> (124 - 4 * index)) & 0xf) as usize];
-        }
+        write_hex(self.request_id_prefix, &mut hex[..16]);
+        write_hex(sequence, &mut hex[16..]);
         HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    }
+}
+
+/// `value` as 16 lower-case hexadecimal digits.
+fn write_hex(value: u64, digits: &mut [u8]) {
+    for (index, digit) in digits.iter_mut().enumerate() {
+        *digit = b"0123456789abcdef"[((value >> (60 - 4 * index)) & 0xf) as usize];
     }
 }
 
@@ -440,4 +445,17 @@ async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
         .and_then(|()| socket.bind(address))
         .and_then(|()| socket.listen(1024))
         .map_err(|source| StartError::Listen { address, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_the_prefix_then_the_sequence_in_hexadecimal() {
+        let mut digits = [0u8; 32];
+        write_hex(0x0123_4567_89ab_cdef, &mut digits[..16]);
+        write_hex(42, &mut digits[16..]);
+        assert_eq!(&digits, b"0123456789abcdef000000000000002a");
+    }
 }

@@ -130,7 +130,7 @@ async fn serve_connection<S>(
             &mut stream,
             &mut buffer,
             &mut watchdog,
-            &mut shutdown,
+            &shutdown,
             &limits,
             &gateway,
             &connection,

@@ -61,7 +61,7 @@ pub(super) async fn serve<S>(
     io: &mut S,
     buffer: &mut BytesMut,
     watchdog: &mut Watchdog,
-    shutdown: &mut watch::Receiver<bool>,
+    shutdown: &watch::Receiver<bool>,
     limits: &HeadLimits,
     gateway: &Gateway,
     connection: &Connection,
@@ -70,6 +70,9 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut out = BytesMut::new();
+    // One wait for the shutdown signal for the connection's life, not one per request.
+    let mut signal = shutdown.clone();
+    let mut shutting_down = std::pin::pin!(signal.changed());
     // The first head's clock starts at the accept: a connection that sends nothing is cut
     // off like one whose head trickles in.
     let mut head_started = Some(Instant::now());
@@ -95,7 +98,7 @@ where
                     Ok(0) | Err(_) => return Ending::Closed,
                     Ok(_) => {}
                 },
-                _ = shutdown.changed() => return Ending::Closed,
+                _ = &mut shutting_down => return Ending::Closed,
                 idle = watchdog.tick() => {
                     let head_late = head_started
                         .is_some_and(|started| started.elapsed() >= limits.read_timeout);

@@ -6,10 +6,12 @@
 #
 #   bench/instructions.sh            # the count
 #   TOP=40 bench/instructions.sh     # and the 40 functions with the most instructions (inclusive)
+#   STORE=redis bench/instructions.sh    # row 5: the Redis store (starts its own redis-server)
+#   REFUSING=1 bench/instructions.sh     # row 6b: every request refused (429)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for tool in wrk valgrind callgrind_control python3 taskset; do
+for tool in wrk valgrind callgrind_control python3 taskset ${STORE:+redis-server}; do
   if ! command -v "$tool" >/dev/null; then
     echo "bench: missing $tool. On Debian: apt-get install wrk valgrind python3" >&2
     exit 1
@@ -27,9 +29,26 @@ taskset -c 0 ./target/release/examples/fast_upstream "127.0.0.1:$upstream_port" 
 pids+=($!)
 wait_for_port "$upstream_port"
 
+store_section=""
+if [[ "${STORE:-memory}" == redis ]]; then
+  redis_port=$(free_port)
+  taskset -c 0 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$work" >/dev/null 2>&1 &
+  pids+=($!)
+  wait_for_port "$redis_port"
+  store_section="[store]
+backend = \"redis\"
+url = \"redis://127.0.0.1:$redis_port\""
+fi
+if [[ -n "${REFUSING:-}" ]]; then
+  limits=(1 "1/h")
+else
+  limits=(1000000000000 "1000000000/s")
+fi
+
 port=$(free_port)
 admin=$(free_port)
-three_limit_policy "$port" "$admin" "$upstream_port" "" 1000000000000 "1000000000/s" > "$work/policy.toml"
+three_limit_policy "$port" "$admin" "$upstream_port" "$store_section" "${limits[@]}" > "$work/policy.toml"
 
 RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 valgrind --tool=callgrind \
   --compress-strings=no --compress-pos=no --callgrind-out-file="$work/callgrind.%p" \

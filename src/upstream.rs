@@ -126,21 +126,23 @@ impl UpstreamPool {
         body: OutgoingBody,
     ) -> Result<Response<Body>, ForwardError> {
         let timeout = self.settings.timeout;
-        let exchange = async {
-            match body {
-                OutgoingBody::Buffered(bytes)
-                    if bytes.len() <= OWN_CLIENT_MAX_BODY
-                        && !request.headers.contains_key(header::UPGRADE) =>
-                {
-                    self.exchange_buffered(request, path, &bytes).await
-                }
-                // Boxed: the common path's future stays small.
-                body => Box::pin(self.exchange_with_hyper(request, path, body)).await,
+        let deadline = tokio::time::Instant::now() + timeout;
+        match body {
+            OutgoingBody::Buffered(bytes)
+                if bytes.len() <= OWN_CLIENT_MAX_BODY
+                    && !request.headers.contains_key(header::UPGRADE) =>
+            {
+                self.exchange_buffered(request, path, &bytes, deadline)
+                    .await
             }
-        };
-        tokio::time::timeout(timeout, exchange)
-            .await
-            .unwrap_or(Err(ForwardError::Timeout(timeout)))
+            // Boxed: the common path's future stays small.
+            body => {
+                let exchange = Box::pin(self.exchange_with_hyper(request, path, body));
+                tokio::time::timeout_at(deadline, exchange)
+                    .await
+                    .unwrap_or(Err(ForwardError::Timeout(timeout)))
+            }
+        }
     }
 
     /// Tries the targets in round-robin order with a request whose body is in memory (so it
@@ -150,6 +152,7 @@ impl UpstreamPool {
         mut request: http::request::Parts,
         path: &str,
         body: &Bytes,
+        deadline: tokio::time::Instant,
     ) -> Result<Response<Body>, ForwardError> {
         let order = self.order();
         let query = request.uri.query().map(|query| ["?", query]);
@@ -173,7 +176,7 @@ impl UpstreamPool {
                 &mut encoded,
             );
             match self.pools[*index]
-                .send_buffered(&encoded, &request.method)
+                .send_buffered(&encoded, &request.method, deadline)
                 .await
             {
                 Ok(response) => return Ok(response),
@@ -258,6 +261,7 @@ impl UpstreamPool {
                 Ok(ForwardError::Connect(error))
             }
             PoolError::Exchange(error) => Err(ForwardError::Exchange(error)),
+            PoolError::Timeout => Err(ForwardError::Timeout(self.settings.timeout)),
         }
     }
 }

@@ -129,6 +129,26 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
 }
 
 #[tokio::test]
+async fn the_upstream_deadline_is_set_afresh_on_reused_connections() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(BASIC, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    assert_eq!(client.get("/", &[]).await.status, 200);
+    // The first request's deadline (300 ms) passes while its connection is idle in the pool.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        client.get("/", &[]).await.status,
+        200,
+        "a request on the reused connection saw the old deadline"
+    );
+    upstream.delay_ms.store(3000, Ordering::SeqCst);
+    let slow = client.get("/delayed", &[]).await;
+    assert_eq!(slow.status, 504);
+    upstream.delay_ms.store(0, Ordering::SeqCst);
+    assert_eq!(client.get("/delayed", &[]).await.status, 200);
+}
+
+#[tokio::test]
 async fn round_robin_skips_an_address_that_refuses_connections() {
     let first = start_upstream().await;
     let second = start_upstream().await;

@@ -30,6 +30,8 @@ pub(crate) enum PoolError {
     /// No connection could be opened: nothing was sent.
     Connect(String),
     Exchange(String),
+    /// The deadline passed before the response head.
+    Timeout,
 }
 
 pub(crate) struct ConnectionPool {
@@ -85,26 +87,40 @@ impl ConnectionPool {
     }
 
     /// Sends a request whose body is in memory, encoded by [`http1::encode_request`], and
-    /// returns the response head. An idempotent request that a reused connection left
-    /// unanswered (the upstream had just closed it) is sent again on a new connection.
+    /// returns the response head, due by `deadline`. An idempotent request that a reused
+    /// connection left unanswered (the upstream had just closed it) is sent again on a new
+    /// connection.
     pub(crate) async fn send_buffered(
         &self,
         request: &BytesMut,
         method: &http::Method,
+        deadline: tokio::time::Instant,
     ) -> Result<Response<Body>, PoolError> {
+        let failed = |failure: http1::Failure| {
+            if failure.timed_out {
+                PoolError::Timeout
+            } else {
+                PoolError::Exchange(failure.message)
+            }
+        };
         if let Some(connection) = self.idle_own.checkout() {
-            match http1::exchange(connection, request, method, &self.idle_own).await {
+            match http1::exchange(connection, request, method, &self.idle_own, deadline).await {
                 Ok(response) => return Ok(response),
-                Err(failure) if failure.unanswered && method.is_idempotent() => {
+                Err(failure)
+                    if failure.unanswered && !failure.timed_out && method.is_idempotent() =>
+                {
                     tracing::debug!(error = %failure.message, "reused upstream connection failed; retrying on a new one");
                 }
-                Err(failure) => return Err(PoolError::Exchange(failure.message)),
+                Err(failure) => return Err(failed(failure)),
             }
         }
-        let connection = http1::Connection::new(self.connect().await?);
-        http1::exchange(connection, request, method, &self.idle_own)
+        let stream = tokio::time::timeout_at(deadline, self.connect())
             .await
-            .map_err(|failure| PoolError::Exchange(failure.message))
+            .map_err(|_| PoolError::Timeout)??;
+        let connection = http1::Connection::new(stream);
+        http1::exchange(connection, request, method, &self.idle_own, deadline)
+            .await
+            .map_err(failed)
     }
 
     /// Sends `request` (origin-form URI) and returns the response head. A request that a

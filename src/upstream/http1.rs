@@ -22,6 +22,7 @@ use http_body_util::{BodyExt, Full};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 use tokio_rustls::client::TlsStream;
 
 use super::header_tokens;
@@ -97,6 +98,10 @@ impl AsyncWrite for Stream {
 pub(crate) struct Connection {
     stream: Stream,
     buffer: BytesMut,
+    /// The deadline of the response head, reset for each request. Moving a registered timer
+    /// to a later deadline is one atomic update, where a timer per request would be inserted
+    /// into and removed from the runtime's timer wheel each time.
+    head_deadline: Pin<Box<Sleep>>,
 }
 
 impl Connection {
@@ -104,6 +109,8 @@ impl Connection {
         Connection {
             stream,
             buffer: BytesMut::with_capacity(READ_SIZE),
+            // Not registered until polled; every exchange sets its own deadline first.
+            head_deadline: Box::pin(tokio::time::sleep_until(Instant::now())),
         }
     }
 
@@ -113,12 +120,6 @@ impl Connection {
     fn is_stale(&self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
         self.stream.tcp().poll_read_ready(&mut cx).is_ready()
-    }
-
-    /// Reads more into the buffer; `Ok(0)` is the end of the stream.
-    async fn read_more(&mut self) -> io::Result<usize> {
-        self.buffer.reserve(READ_SIZE);
-        self.stream.read_buf(&mut self.buffer).await
     }
 
     fn poll_read_more(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
@@ -212,6 +213,8 @@ pub(crate) struct Failure {
     /// Not a byte of a response arrived before the connection failed or closed: on a reused
     /// connection, the upstream had most likely closed it just as the request went out.
     pub(crate) unanswered: bool,
+    /// The deadline passed before the response head was complete.
+    pub(crate) timed_out: bool,
     pub(crate) message: String,
 }
 
@@ -219,59 +222,37 @@ impl Failure {
     fn new(unanswered: bool, message: impl Into<String>) -> Failure {
         Failure {
             unanswered,
+            timed_out: false,
             message: message.into(),
         }
     }
 }
 
-/// Sends `request` (encoded by [`encode_request`]) on `connection` and reads the response head.
-/// The connection returns to `idle` once the response body has been read, if both sides
-/// allow keep-alive.
+/// Sends `request` (encoded by [`encode_request`]) on `connection` and reads the response head,
+/// which must be complete by `deadline`. The connection returns to `idle` once the response
+/// body has been read, if both sides allow keep-alive.
 pub(crate) async fn exchange(
     mut connection: Connection,
     request: &[u8],
     method: &Method,
     idle: &Arc<IdleConnections>,
+    deadline: Instant,
 ) -> Result<Response<Body>, Failure> {
     connection.buffer.clear();
-    let written = async {
-        connection.stream.write_all(request).await?;
-        connection.stream.flush().await
-    };
-    if let Err(error) = written.await {
-        return Err(Failure::new(true, format!("sending the request: {error}")));
-    }
-    let head = loop {
-        match parse_head(&connection.buffer, method) {
-            Ok(Some((head, length))) => {
-                connection.buffer.advance(length);
-                if head.status.is_informational() {
-                    // 100 Continue, 103 Early Hints: the final answer follows.
-                    continue;
-                }
-                break head;
-            }
-            Ok(None) => {}
-            Err(error) => return Err(Failure::new(false, error)),
-        }
-        if connection.buffer.len() >= MAX_HEAD_BYTES {
-            return Err(Failure::new(false, "response head too large"));
-        }
-        let answered = !connection.buffer.is_empty();
-        match connection.read_more().await {
-            Ok(0) => {
-                return Err(Failure::new(
-                    !answered,
-                    "the upstream closed the connection before the response head",
-                ))
-            }
-            Ok(_) => {}
-            Err(error) => {
-                return Err(Failure::new(
-                    !answered,
-                    format!("reading the response: {error}"),
-                ))
-            }
+    connection.head_deadline.as_mut().reset(deadline);
+    let Connection {
+        stream,
+        buffer,
+        head_deadline,
+    } = &mut connection;
+    let head = tokio::select! {
+        biased;
+        head = send_and_read_head(stream, buffer, request, method) => head?,
+        () = head_deadline.as_mut() => {
+            return Err(Failure {
+                timed_out: true,
+                ..Failure::new(false, "no response head in time")
+            });
         }
     };
     let mut response = Response::new(());
@@ -299,6 +280,56 @@ pub(crate) async fn exchange(
         idle: idle.clone(),
     };
     Ok(response.map(|()| body.boxed()))
+}
+
+/// Writes the request and reads until a final response head (1xx responses are skipped).
+async fn send_and_read_head(
+    stream: &mut Stream,
+    buffer: &mut BytesMut,
+    request: &[u8],
+    method: &Method,
+) -> Result<Head, Failure> {
+    let written = async {
+        stream.write_all(request).await?;
+        stream.flush().await
+    };
+    if let Err(error) = written.await {
+        return Err(Failure::new(true, format!("sending the request: {error}")));
+    }
+    loop {
+        match parse_head(buffer, method) {
+            Ok(Some((head, length))) => {
+                buffer.advance(length);
+                if head.status.is_informational() {
+                    // 100 Continue, 103 Early Hints: the final answer follows.
+                    continue;
+                }
+                return Ok(head);
+            }
+            Ok(None) => {}
+            Err(error) => return Err(Failure::new(false, error)),
+        }
+        if buffer.len() >= MAX_HEAD_BYTES {
+            return Err(Failure::new(false, "response head too large"));
+        }
+        let answered = !buffer.is_empty();
+        buffer.reserve(READ_SIZE);
+        match stream.read_buf(buffer).await {
+            Ok(0) => {
+                return Err(Failure::new(
+                    !answered,
+                    "the upstream closed the connection before the response head",
+                ))
+            }
+            Ok(_) => {}
+            Err(error) => {
+                return Err(Failure::new(
+                    !answered,
+                    format!("reading the response: {error}"),
+                ))
+            }
+        }
+    }
 }
 
 /// A parsed response head and what it says about the body and the connection.

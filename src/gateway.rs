@@ -349,7 +349,10 @@ impl Gateway {
         }
         let header_mode = policy.server.ratelimit_headers;
         if !decision.admitted {
-            exchange.limit = Some(refusing.join(","));
+            // Only the access log reads it: not spelled out when nobody will read it.
+            if access_logging() {
+                exchange.limit = Some(refusing.join(","));
+            }
             tracing::debug!(route = %route.name, limits = %refusing.join(","), "refused");
             return (
                 Outcome::Limited,
@@ -656,8 +659,12 @@ async fn buffer_body(headers: &HeaderMap, body: Incoming, max: usize) -> Result<
     }
 }
 
+fn access_logging() -> bool {
+    tracing::enabled!(target: "tollgate::access", tracing::Level::INFO)
+}
+
 fn access_log(exchange: &Exchange, status: StatusCode) {
-    if !tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
+    if !access_logging() {
         return;
     }
     let outcome = exchange.outcome.map_or("", Outcome::as_str);

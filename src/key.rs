@@ -191,7 +191,7 @@ fn value_of<'f>(
             // Repeated header fields are one list: their values joined with commas.
             let mut values = facts
                 .headers
-                .get_all(name.as_str())
+                .get_all(name)
                 .iter()
                 .map(|value| trimmed(String::from_utf8_lossy(value.as_bytes())))
                 .filter(|value| !value.is_empty());

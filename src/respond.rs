@@ -186,8 +186,14 @@ pub fn too_many_requests(mode: HeaderMode, reports: &[LimitReport<'_>]) -> Respo
         HeaderMode::Legacy | HeaderMode::None => full(
             StatusCode::TOO_MANY_REQUESTS,
             "application/json",
-            // The hottest answer under attack: written directly, not through a JSON value.
-            format!(r#"{{"error":"too_many_requests","retry_after":{retry_after}}}"#),
+            // The hottest answer under attack: written directly, not through a JSON value or
+            // the formatting machinery.
+            [
+                r#"{"error":"too_many_requests","retry_after":"#,
+                itoa::Buffer::new().format(retry_after),
+                "}",
+            ]
+            .concat(),
         ),
         HeaderMode::Ietf | HeaderMode::Both => {
             let violated: Vec<&str> = reports

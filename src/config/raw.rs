@@ -284,7 +284,8 @@ pub enum RawKey {
 pub enum KeySource {
     ClientNetwork,
     Global,
-    Header(String),
+    /// A header field, its name checked and lower-cased when the policy is read.
+    Header(http::HeaderName),
     Query(String),
     Cookie(String),
     /// A dotted path into a JSON body.
@@ -334,7 +335,9 @@ impl<'de> Visitor<'de> for KeySourceVisitor {
             return Err(de::Error::custom(format!("{kind} name must not be empty")));
         }
         match kind.as_str() {
-            "header" => Ok(KeySource::Header(name.to_ascii_lowercase())),
+            "header" => http::HeaderName::from_bytes(name.as_bytes())
+                .map(KeySource::Header)
+                .map_err(|_| de::Error::custom(format!("{name:?} is not a valid header name"))),
             "query" => Ok(KeySource::Query(name)),
             "cookie" => Ok(KeySource::Cookie(name)),
             "json_field" => Ok(KeySource::JsonField(name)),

@@ -42,9 +42,18 @@ impl KeyPart {
         use fmt::Write as _;
         const HEX: &[u8; 16] = b"0123456789abcdef";
         match self {
+            // The common case, spelled without the formatting machinery.
             KeyPart::Network(IpNet::V4(net)) => {
                 out.push_str("v4:");
-                let _ = write!(out, "{net}");
+                let mut number = itoa::Buffer::new();
+                for (index, octet) in net.addr().octets().into_iter().enumerate() {
+                    if index > 0 {
+                        out.push('.');
+                    }
+                    out.push_str(number.format(octet));
+                }
+                out.push('/');
+                out.push_str(number.format(net.prefix_len()));
             }
             KeyPart::Network(IpNet::V6(net)) => {
                 out.push_str("v6:");
@@ -52,10 +61,12 @@ impl KeyPart {
             }
             KeyPart::Digest(digest) => {
                 out.push_str("h:");
-                for byte in digest {
-                    out.push(char::from(HEX[usize::from(byte >> 4)]));
-                    out.push(char::from(HEX[usize::from(byte & 0xf)]));
+                let mut hex = [0u8; 32]; // two digits per byte
+                for (pair, byte) in hex.chunks_exact_mut(2).zip(digest) {
+                    pair[0] = HEX[usize::from(byte >> 4)];
+                    pair[1] = HEX[usize::from(byte & 0xf)];
                 }
+                out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
             }
         }
     }
@@ -230,5 +241,15 @@ mod tests {
         )]);
         assert_eq!(network.to_string(), "login:v4:203.0.113.0/24");
         assert_eq!(key(KeyParts::new()).to_string(), "login:global");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ipv4_networks_are_spelled_as_displayed(address: u32, prefix in 0u8..=32) {
+            let net = ipnet::Ipv4Net::new(address.into(), prefix).unwrap();
+            let mut spelled = String::new();
+            KeyPart::Network(IpNet::V4(net)).push_to(&mut spelled);
+            proptest::prop_assert_eq!(spelled, format!("v4:{net}"));
+        }
     }
 }

@@ -6,9 +6,10 @@
 //! emptier than the store does: other replicas can only take tokens away. When it is not
 //! sure, the request goes to the store.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
+
+use foldhash::quality::RandomState;
 
 use parking_lot::Mutex;
 
@@ -27,24 +28,29 @@ struct Entry {
     capacity: f64,
 }
 
+/// Keys are store keys: limit names and keyed digests or networks, which a client cannot aim
+/// at one hash bucket; a fast randomly seeded hash serves.
+type Shard = HashMap<String, Entry, RandomState>;
+
 #[derive(Debug)]
 pub struct DenyCache {
-    shards: Box<[Mutex<HashMap<String, Entry>>]>,
+    shards: Box<[Mutex<Shard>]>,
+    /// Picks the shard; seeded apart from the shards' own maps.
+    sharding: RandomState,
 }
 
 impl Default for DenyCache {
     fn default() -> DenyCache {
         DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            sharding: RandomState::default(),
         }
     }
 }
 
 impl DenyCache {
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Entry>> {
-        let mut hasher = DefaultHasher::new();
-        key.hash(&mut hasher);
-        &self.shards[(hasher.finish() as usize) % SHARDS]
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        &self.shards[(self.sharding.hash_one(key) as usize) % SHARDS]
     }
 
     /// Remembers that `key` held `tokens` (too few) when a call sent at `sent` was answered.

@@ -413,8 +413,17 @@ impl RedisStore {
         group: &[usize],
         mut args: impl FnMut(&mut redis::Cmd, usize),
     ) -> Result<T, StoreError> {
-        let mut command = redis::cmd("EVALSHA");
-        command.arg(script.get_hash()).arg(group.len());
+        // Sized up front: grown argument by argument, the buffers would be reallocated several
+        // times per call. Each bucket has its key and at most 9 numbers.
+        let data = group
+            .iter()
+            .map(|index| keys[*index].len() + 9 * 24)
+            .sum::<usize>();
+        let mut command = redis::Cmd::with_capacity(2 + 10 * group.len(), 64 + data);
+        command
+            .arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(group.len());
         for index in group {
             command.arg(&keys[*index]);
         }

@@ -20,13 +20,14 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 
 local count = #KEYS
-local tokens, sufficient, capacities, rates, multipliers, keep = {}, {}, {}, {}, {}, {}
+local tokens, sufficient, capacities, rates, multipliers, keep, costs = {}, {}, {}, {}, {}, {}, {}
 local admitted = true
 for i = 1, count do
   local base = (i - 1) * 6
   local capacity = tonumber(ARGV[base + 1])
   local rate = tonumber(ARGV[base + 2])
   local cost = tonumber(ARGV[base + 3])
+  costs[i] = cost
   local factor = tonumber(ARGV[base + 5])
   local state
   local multiplier = 1
@@ -56,18 +57,23 @@ for i = 1, count do
   end
 end
 
+-- string.format costs more than a redis.call here: each number is spelled once, and the
+-- usual multiplier of 1 not at all.
+local now_text = string.format('%d', now)
 local reply = { admitted and '1' or '0' }
 for i = 1, count do
-  local cost = tonumber(ARGV[(i - 1) * 6 + 3])
   if admitted and sufficient[i] then
-    tokens[i] = tokens[i] - cost
-    redis.call('HSET', KEYS[i], 'tokens', string.format('%.17g', tokens[i]), 'ts', string.format('%d', now))
+    tokens[i] = tokens[i] - costs[i]
+  end
+  local spelled = string.format('%.17g', tokens[i])
+  if admitted and sufficient[i] then
+    redis.call('HSET', KEYS[i], 'tokens', spelled, 'ts', now_text)
     local refill_ms = math.ceil((capacities[i] - tokens[i]) / rates[i] * 1000)
     local keep_ms = math.ceil((keep[i] - now) / 1000)
     redis.call('PEXPIRE', KEYS[i], string.format('%d', math.min(math.max(refill_ms, keep_ms), 315360000000) + 1000))
   end
-  reply[#reply + 1] = string.format('%.17g', tokens[i])
+  reply[#reply + 1] = spelled
   reply[#reply + 1] = sufficient[i] and '1' or '0'
-  reply[#reply + 1] = string.format('%.17g', multipliers[i])
+  reply[#reply + 1] = multipliers[i] == 1 and '1' or string.format('%.17g', multipliers[i])
 end
 return table.concat(reply, ' ')

@@ -117,16 +117,18 @@ impl UpstreamPool {
         order
     }
 
-    /// Sends `request` and waits for the response head. Its URI is the client's: what goes
-    /// upstream is the target's base path, `path` (the normalized path) and the URI's query.
+    /// Sends `request` and waits for the response head, due within the upstream's timeout of
+    /// `sent`. Its URI is the client's: what goes upstream is the target's base path, `path`
+    /// (the normalized path) and the URI's query.
     pub async fn send(
         &self,
         request: http::request::Parts,
         path: &str,
         body: OutgoingBody,
+        sent: Instant,
     ) -> Result<Response<Body>, ForwardError> {
         let timeout = self.settings.timeout;
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = tokio::time::Instant::from_std(sent + timeout);
         match body {
             OutgoingBody::Buffered(bytes)
                 if bytes.len() <= OWN_CLIENT_MAX_BODY

@@ -134,16 +134,18 @@ impl Shared {
         }
         let sequence = self.request_counter.fetch_add(1, Ordering::Relaxed);
         let mut hex = [0u8; 32];
-        write_hex(self.request_id_prefix, &mut hex[..16]);
-        write_hex(sequence, &mut hex[16..]);
+        write_hex(&self.request_id_prefix.to_be_bytes(), &mut hex[..16]);
+        write_hex(&sequence.to_be_bytes(), &mut hex[16..]);
         HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("-"))
     }
 }
 
-/// `value` as 16 lower-case hexadecimal digits.
-fn write_hex(value: u64, digits: &mut [u8]) {
-    for (index, digit) in digits.iter_mut().enumerate() {
-        *digit = b"0123456789abcdef"[((value >> (60 - 4 * index)) & 0xf) as usize];
+/// `bytes` in lower-case hexadecimal, two digits per byte, into `digits`.
+pub(crate) fn write_hex(bytes: &[u8], digits: &mut [u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (pair, byte) in digits.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0xf)];
     }
 }
 
@@ -454,8 +456,8 @@ mod tests {
     #[test]
     fn request_ids_are_the_prefix_then_the_sequence_in_hexadecimal() {
         let mut digits = [0u8; 32];
-        write_hex(0x0123_4567_89ab_cdef, &mut digits[..16]);
-        write_hex(42, &mut digits[16..]);
+        write_hex(&0x0123_4567_89ab_cdef_u64.to_be_bytes(), &mut digits[..16]);
+        write_hex(&42_u64.to_be_bytes(), &mut digits[16..]);
         assert_eq!(&digits, b"0123456789abcdef000000000000002a");
     }
 }

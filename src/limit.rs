@@ -40,7 +40,6 @@ impl KeyPart {
     /// spells every bucket key of every request.
     pub fn push_to(&self, out: &mut String) {
         use fmt::Write as _;
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         match self {
             // The common case, spelled without the formatting machinery.
             KeyPart::Network(IpNet::V4(net)) => {
@@ -61,11 +60,8 @@ impl KeyPart {
             }
             KeyPart::Digest(digest) => {
                 out.push_str("h:");
-                let mut hex = [0u8; 32]; // two digits per byte
-                for (pair, byte) in hex.chunks_exact_mut(2).zip(digest) {
-                    pair[0] = HEX[usize::from(byte >> 4)];
-                    pair[1] = HEX[usize::from(byte & 0xf)];
-                }
+                let mut hex = [0u8; 32];
+                crate::write_hex(digest, &mut hex);
                 out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
             }
         }

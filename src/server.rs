@@ -122,16 +122,12 @@ async fn serve_connection<S>(
     let mut watchdog = Watchdog::new(activity, &guards);
     let mut buffer = BytesMut::new();
     if guards.own_http1 {
-        let limits = http1::HeadLimits {
-            max_bytes: guards.max_head_bytes,
-            read_timeout: guards.header_read_timeout,
-        };
         let ending = http1::serve(
             &mut stream,
             &mut buffer,
             &mut watchdog,
             &shutdown,
-            &limits,
+            &guards,
             &gateway,
             &connection,
         )
@@ -182,6 +178,7 @@ async fn serve_connection<S>(
 struct ConnectionGuards {
     /// Plain HTTP/1.1 requests take the server's own path (not after ALPN chose h2).
     own_http1: bool,
+    /// Longest request head (hyper's read buffer limit; longer heads get hyper's 431).
     max_head_bytes: usize,
     header_read_timeout: Duration,
     idle_timeout: Duration,
@@ -189,7 +186,7 @@ struct ConnectionGuards {
 
 /// Checks a connection's idleness at a steady pace, a fraction of the shortest guard timeout:
 /// no timer is set per request.
-pub(crate) struct Watchdog {
+struct Watchdog {
     activity: Arc<Activity>,
     idle_timeout: Duration,
     ticks: tokio::time::Interval,
@@ -214,7 +211,7 @@ impl Watchdog {
 
     /// Waits for the next check; true when the connection has moved no bytes for the idle
     /// timeout. Cancel-safe.
-    pub(crate) async fn tick(&mut self) -> bool {
+    async fn tick(&mut self) -> bool {
         self.ticks.tick().await;
         let moves = self.activity.count();
         if moves != self.last_moves {
@@ -225,7 +222,7 @@ impl Watchdog {
     }
 
     /// Resolves once the connection has been idle for the idle timeout.
-    pub(crate) async fn until_idle(&mut self) {
+    async fn until_idle(&mut self) {
         while !self.tick().await {}
     }
 }

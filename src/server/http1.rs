@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ops::Range;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 use futures_util::FutureExt;
@@ -22,7 +22,7 @@ use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use super::Watchdog;
+use super::{ConnectionGuards, Watchdog};
 use crate::gateway::{Connection, Gateway, RequestBody};
 use crate::upstream::header_tokens;
 use crate::Body;
@@ -47,22 +47,15 @@ pub(super) enum Ending {
     HandOver,
 }
 
-/// The connection-level guards of the request head.
-pub(super) struct HeadLimits {
-    /// Longest head accepted (hyper's read buffer limit; longer heads get hyper's 431).
-    pub(super) max_bytes: usize,
-    /// The whole head must arrive within this from its first byte (from the accept for the
-    /// connection's first request).
-    pub(super) read_timeout: Duration,
-}
-
-/// Serves requests from `io` until the connection closes or a request needs hyper.
+/// Serves requests from `io` until the connection closes or a request needs hyper. A head
+/// longer than `guards.max_head_bytes` goes to hyper (its 431); a head must be complete
+/// within `guards.header_read_timeout` of its first byte (of the accept, for the first one).
 pub(super) async fn serve<S>(
     io: &mut S,
     buffer: &mut BytesMut,
     watchdog: &mut Watchdog,
     shutdown: &watch::Receiver<bool>,
-    limits: &HeadLimits,
+    guards: &ConnectionGuards,
     gateway: &Gateway,
     connection: &Connection,
 ) -> Ending
@@ -78,7 +71,7 @@ where
     let mut head_started = Some(Instant::now());
     loop {
         let (request, keep_alive) = loop {
-            match parse_request(buffer, limits.max_bytes) {
+            match parse_request(buffer, guards.max_head_bytes) {
                 Parsed::Request {
                     request,
                     keep_alive,
@@ -101,7 +94,7 @@ where
                 _ = &mut shutting_down => return Ending::Closed,
                 idle = watchdog.tick() => {
                     let head_late = head_started
-                        .is_some_and(|started| started.elapsed() >= limits.read_timeout);
+                        .is_some_and(|started| started.elapsed() >= guards.header_read_timeout);
                     if idle || head_late {
                         return Ending::Closed;
                     }
@@ -117,7 +110,7 @@ where
             tokio::select! {
                 biased;
                 response = &mut handling => break response,
-                read = io.read_buf(buffer), if buffer.len() < limits.max_bytes => match read {
+                read = io.read_buf(buffer), if buffer.len() < guards.max_head_bytes => match read {
                     Ok(0) | Err(_) => return Ending::Closed,
                     Ok(_) => {}
                 },

@@ -34,6 +34,16 @@ pub(crate) enum PoolError {
     Timeout,
 }
 
+impl From<http1::Failure> for PoolError {
+    fn from(failure: http1::Failure) -> PoolError {
+        if failure.timed_out {
+            PoolError::Timeout
+        } else {
+            PoolError::Exchange(failure.message)
+        }
+    }
+}
+
 pub(crate) struct ConnectionPool {
     host: String,
     port: u16,
@@ -96,13 +106,6 @@ impl ConnectionPool {
         method: &http::Method,
         deadline: tokio::time::Instant,
     ) -> Result<Response<Body>, PoolError> {
-        let failed = |failure: http1::Failure| {
-            if failure.timed_out {
-                PoolError::Timeout
-            } else {
-                PoolError::Exchange(failure.message)
-            }
-        };
         if let Some(connection) = self.idle_own.checkout() {
             match http1::exchange(connection, request, method, &self.idle_own, deadline).await {
                 Ok(response) => return Ok(response),
@@ -111,7 +114,7 @@ impl ConnectionPool {
                 {
                     tracing::debug!(error = %failure.message, "reused upstream connection failed; retrying on a new one");
                 }
-                Err(failure) => return Err(failed(failure)),
+                Err(failure) => return Err(failure.into()),
             }
         }
         let stream = tokio::time::timeout_at(deadline, self.connect())
@@ -120,7 +123,7 @@ impl ConnectionPool {
         let connection = http1::Connection::new(stream);
         http1::exchange(connection, request, method, &self.idle_own, deadline)
             .await
-            .map_err(failed)
+            .map_err(PoolError::from)
     }
 
     /// Sends `request` (origin-form URI) and returns the response head. A request that a

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Redis's own CPU per decision: the store's decide script (src/limit/decide.lua) called for
-# three buckets by redis-benchmark, with a private redis-server alone on CPU 1. Prints
-# microseconds per call, as Redis counts them (INFO commandstats).
+# Redis's own cost per decision: the store's decide script (src/limit/decide.lua) called for
+# three buckets by redis-benchmark against a private redis-server.
 #
-#   bench/redis_script.sh                    # the shipped script
+#   bench/redis_script.sh                    # µs of Redis CPU per call (INFO commandstats),
+#                                            # redis-server alone on CPU 1
 #   bench/redis_script.sh path/to/other.lua  # a variant, for comparison in the same run
+#   INSTRUCTIONS=1 bench/redis_script.sh     # redis-server's instructions per call, counted by
+#                                            # callgrind: steady where the µs swing with the
+#                                            # machine's load
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for tool in redis-server redis-cli redis-benchmark taskset python3; do
+tools=(redis-server redis-cli redis-benchmark taskset python3)
+[[ -n "${INSTRUCTIONS:-}" ]] && tools+=(valgrind callgrind_annotate)
+for tool in "${tools[@]}"; do
   if ! command -v "$tool" >/dev/null; then
-    echo "bench: missing $tool. On Debian: apt-get install redis-server redis-tools util-linux python3" >&2
+    echo "bench: missing $tool. On Debian: apt-get install redis-server redis-tools util-linux python3 valgrind" >&2
     exit 1
   fi
 done
@@ -18,18 +23,48 @@ done
 source bench/common.sh
 
 script=${1:-src/limit/decide.lua}
-port=$(free_port)
-taskset -c 1 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$work" >/dev/null 2>&1 &
-pids+=($!)
-wait_for_port "$port"
-
-sha=$(redis-cli -p "$port" script load "$(cat "$script")")
 # Per bucket: capacity, rate, cost, enforce, adaptive factor (0: none), adaptive minimum.
 bucket="1000000000000 1000000000 1 1 0 0"
-# shellcheck disable=SC2086 # the buckets' numbers are separate arguments
-taskset -c 0 redis-benchmark -p "$port" -c 8 -n 200000 -q evalsha "$sha" 3 \
-  '{bench}per_network:v4:127.0.0.1/32' '{bench}per_user:h:0fa000000000000000000000000000ff' \
-  '{bench}everyone:global' $bucket $bucket $bucket >/dev/null
-calls=$(redis-cli -p "$port" info commandstats | grep '^cmdstat_evalsha:')
-echo "$script: $(grep -o 'usec_per_call=[0-9.]*' <<<"$calls" | cut -d= -f2) µs of Redis CPU per three-bucket call"
+
+# start_redis [WRAPPER...]: a private redis-server on a free port; sets $port and $redis.
+start_redis() {
+  port=$(free_port)
+  "$@" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$work" >/dev/null 2>&1 &
+  redis=$!
+  pids+=("$redis")
+  wait_for_port "$port"
+  until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
+}
+
+# calls N: N three-bucket decisions from redis-benchmark on CPU 0.
+calls() {
+  local sha
+  sha=$(redis-cli -p "$port" script load "$(cat "$script")")
+  # shellcheck disable=SC2086 # the buckets' numbers are separate arguments
+  taskset -c 0 redis-benchmark -p "$port" -c 8 -n "$1" -q evalsha "$sha" 3 \
+    '{bench}per_network:v4:127.0.0.1/32' '{bench}per_user:h:0fa000000000000000000000000000ff' \
+    '{bench}everyone:global' $bucket $bucket $bucket >/dev/null
+}
+
+if [[ -z "${INSTRUCTIONS:-}" ]]; then
+  start_redis taskset -c 1
+  calls 200000
+  stats=$(redis-cli -p "$port" info commandstats | grep '^cmdstat_evalsha:')
+  echo "$script: $(grep -o 'usec_per_call=[0-9.]*' <<<"$stats" | cut -d= -f2) µs of Redis CPU per three-bucket call"
+  exit 0
+fi
+
+# Instructions of a whole redis-server run with N calls; the difference of two runs leaves out
+# start-up and shutdown.
+instructions() {
+  local out="$work/callgrind.$1"
+  start_redis valgrind --tool=callgrind --callgrind-out-file="$out"
+  calls "$1"
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$redis" || true
+  callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !seen {gsub(",", "", $1); print $1; seen = 1}'
+}
+few=$(instructions 1000)
+many=$(instructions 11000)
+echo "$script: $(((many - few) / 10000)) redis-server instructions per three-bucket call"

@@ -1,5 +1,5 @@
 # Shared by the benchmark scripts: a scratch directory and process list cleaned up on exit,
-# ports, and the three-limit policy of rows 4 and 5.
+# ports, the three-limit policy of rows 4 and 5, and nginx's configurations of rows 2, 3 and 6a.
 
 work=$(mktemp -d)
 pids=()
@@ -54,3 +54,37 @@ upstream = "app"
 limits = ["per_network", "per_user", "everyone"]
 CONF
 }
+
+# nginx_conf DIR PORT UPSTREAM_PORT DIRECTIVES LIMIT_ZONE [TOP_LEVEL]
+# nginx with one worker proxying to the upstream over a keep-alive pool; DIRECTIVES go in its
+# location, LIMIT_ZONE in http, TOP_LEVEL (such as "master_process off;") at the top.
+nginx_conf() {
+  cat <<CONF
+worker_processes 1;
+daemon off;
+$6
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  $5
+  upstream app { server 127.0.0.1:$3; keepalive 64; }
+  server {
+    listen 127.0.0.1:$2;
+    location / {
+      proxy_pass http://app;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      $4
+    }
+  }
+}
+CONF
+}
+
+# Row 3: limit_req by client address that never rejects; row 6a: one that refuses nearly all.
+nginx_limit_directives="limit_req zone=perip burst=1000000 nodelay;"
+nginx_limit_zone="limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;"
+nginx_refuse_directives="limit_req zone=one; limit_req_status 429;"
+nginx_refuse_zone="limit_req_zone \$binary_remote_addr zone=one:10m rate=1r/m;"

@@ -8,12 +8,22 @@
 #   TOP=40 bench/instructions.sh     # and the 40 functions with the most instructions (inclusive)
 #   STORE=redis bench/instructions.sh    # row 5: the Redis store (starts its own redis-server)
 #   REFUSING=1 bench/instructions.sh     # row 6b: every request refused (429)
+#   PROXY=nginx bench/instructions.sh    # nginx with limit_req (row 3) under the same load, for a
+#                                        # ratio that does not swing; with REFUSING=1: row 6a
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for tool in wrk valgrind callgrind_control python3 taskset ${STORE:+redis-server}; do
+proxy=${PROXY:-tollgate}
+if [[ "$proxy" != tollgate && "$proxy" != nginx ]]; then
+  echo "bench: PROXY is tollgate or nginx, not $proxy" >&2
+  exit 1
+fi
+optional=()
+[[ -n "${STORE:-}" ]] && optional+=(redis-server)
+[[ "$proxy" == nginx ]] && optional+=(nginx)
+for tool in wrk valgrind callgrind_control python3 taskset "${optional[@]}"; do
   if ! command -v "$tool" >/dev/null; then
-    echo "bench: missing $tool. On Debian: apt-get install wrk valgrind python3" >&2
+    echo "bench: missing $tool. On Debian: apt-get install wrk valgrind python3 redis-server nginx-light" >&2
     exit 1
   fi
 done
@@ -47,12 +57,27 @@ else
 fi
 
 port=$(free_port)
-admin=$(free_port)
-three_limit_policy "$port" "$admin" "$upstream_port" "$store_section" "${limits[@]}" > "$work/policy.toml"
-
-RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 valgrind --tool=callgrind \
-  --compress-strings=no --compress-pos=no --callgrind-out-file="$work/callgrind.%p" \
-  ./target/release/tollgate --worker-threads 1 run --config "$work/policy.toml" >/dev/null 2>"$work/valgrind.log" &
+callgrind=(valgrind --tool=callgrind --compress-strings=no --compress-pos=no
+  --callgrind-out-file="$work/callgrind.%p")
+if [[ "$proxy" == nginx ]]; then
+  if [[ -n "${REFUSING:-}" ]]; then
+    directives=$nginx_refuse_directives zone=$nginx_refuse_zone
+  else
+    directives=$nginx_limit_directives zone=$nginx_limit_zone
+  fi
+  # One process that serves requests itself, so that callgrind sees the work.
+  nginx_conf "$work" "$port" "$upstream_port" "$directives" "$zone" "master_process off;" \
+    > "$work/nginx.conf"
+  taskset -c 1 "${callgrind[@]}" nginx -p "$work" -c "$work/nginx.conf" \
+    >/dev/null 2>"$work/valgrind.log" &
+else
+  admin=$(free_port)
+  three_limit_policy "$port" "$admin" "$upstream_port" "$store_section" "${limits[@]}" \
+    > "$work/policy.toml"
+  RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 "${callgrind[@]}" \
+    ./target/release/tollgate --worker-threads 1 run --config "$work/policy.toml" \
+    >/dev/null 2>"$work/valgrind.log" &
+fi
 gateway=$!
 pids+=("$gateway")
 wait_for_port "$port"
@@ -66,9 +91,9 @@ output=$(load 8s)
 callgrind_control --dump "$gateway" >/dev/null
 requests=$(awk '/requests in/ {print $1}' <<<"$output")
 
-python3 - "$work" "$requests" "${TOP:-0}" <<'PY'
+python3 - "$work" "$requests" "${TOP:-0}" "$proxy" <<'PY'
 import collections, glob, sys
-work, requests, top = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+work, requests, top, proxy = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 dump = sorted(glob.glob(f"{work}/callgrind.*.1"))[-1]
 inclusive, total = collections.Counter(), 0
 function = callee = None
@@ -89,7 +114,7 @@ for line in open(dump):
         else:
             inclusive[function] += cost
             total += cost
-print(f"{requests} requests, {total / requests:,.0f} user-space instructions per request")
+print(f"{proxy}: {requests} requests, {total / requests:,.0f} user-space instructions per request")
 for name, cost in inclusive.most_common(top):
     print(f"{cost / requests:10,.0f}  {name[:150]}")
 PY

@@ -102,27 +102,7 @@ measure() {
 start_nginx() {
   local name=$1 port=$2 directives=$3 limit_zone=$4
   mkdir -p "$work/$name"
-  cat > "$work/$name/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $work/$name/nginx.pid;
-error_log $work/$name/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  $limit_zone
-  upstream app { server 127.0.0.1:$upstream_port; keepalive 64; }
-  server {
-    listen 127.0.0.1:$port;
-    location / {
-      proxy_pass http://app;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      $directives
-    }
-  }
-}
-CONF
+  nginx_conf "$work/$name" "$port" "$upstream_port" "$directives" "$limit_zone" > "$work/$name/nginx.conf"
   taskset -c "$PROXY_CPU" nginx -p "$work/$name" -c "$work/$name/nginx.conf" >/dev/null 2>&1 &
   local master=$!
   pids+=("$master")
@@ -163,8 +143,7 @@ port=$(free_port); nginx_pids=$(start_nginx proxy "$port" "" "")
 measure "2 nginx proxy_pass" "http://127.0.0.1:$port/" $nginx_pids; stop $nginx_pids
 
 port=$(free_port)
-nginx_pids=$(start_nginx limit "$port" "limit_req zone=perip burst=1000000 nodelay;" \
-  "limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;")
+nginx_pids=$(start_nginx limit "$port" "$nginx_limit_directives" "$nginx_limit_zone")
 measure "3 nginx limit_req" "http://127.0.0.1:$port/" $nginx_pids; stop $nginx_pids
 
 port=$(free_port); pid=$(start_tollgate memory "$port" "" "$never" "1000000000/s")
@@ -174,8 +153,7 @@ port=$(free_port); pid=$(start_tollgate redis "$port" "$redis_store" "$never" "1
 measure "5 tollgate redis, 3 limits" "http://127.0.0.1:$port/" "$pid"; stop "$pid"
 
 port=$(free_port)
-nginx_pids=$(start_nginx refuse "$port" "limit_req zone=one; limit_req_status 429;" \
-  "limit_req_zone \$binary_remote_addr zone=one:10m rate=1r/m;")
+nginx_pids=$(start_nginx refuse "$port" "$nginx_refuse_directives" "$nginx_refuse_zone")
 measure "6a nginx refusing (429)" "http://127.0.0.1:$port/" $nginx_pids; stop $nginx_pids
 
 port=$(free_port); pid=$(start_tollgate refuse "$port" "" 1 "1/h")

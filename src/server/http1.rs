@@ -71,13 +71,16 @@ where
     let mut head_started = Some(Instant::now());
     loop {
         let (request, keep_alive) = loop {
-            match parse_request(buffer, guards.max_head_bytes) {
-                Parsed::Request {
-                    request,
-                    keep_alive,
-                } => break (request, keep_alive),
-                Parsed::HandOver => return Ending::HandOver,
-                Parsed::Partial => {}
+            // An empty buffer, the usual state between requests, holds nothing to parse.
+            if !buffer.is_empty() {
+                match parse_request(buffer, guards.max_head_bytes) {
+                    Parsed::Request {
+                        request,
+                        keep_alive,
+                    } => break (request, keep_alive),
+                    Parsed::HandOver => return Ending::HandOver,
+                    Parsed::Partial => {}
+                }
             }
             if !buffer.is_empty() && head_started.is_none() {
                 head_started = Some(Instant::now());

@@ -62,7 +62,7 @@ nginx_conf() {
   cat <<CONF
 worker_processes 1;
 daemon off;
-$6
+${6:-}
 pid $1/nginx.pid;
 error_log $1/error.log warn;
 events { worker_connections 4096; }

@@ -371,24 +371,22 @@ impl Gateway {
         if parts.headers.contains_key(header::TRANSFER_ENCODING) {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
-        // Room for the request id and the forwarding headers, added without a rehash.
-        parts.headers.reserve(4);
-        parts
-            .headers
-            .insert(X_REQUEST_ID, exchange.request_id.clone());
-        upstream::rewrite_request_headers(
-            &mut parts.headers,
+        upstream::remove_hop_by_hop(&mut parts.headers, upgrade);
+        let forwarding = upstream::Forwarding::new(
+            &parts.headers,
+            exchange.request_id.clone(),
             &connection.peer_header,
             connection.proto,
             host.as_ref(),
-            upgrade,
         );
 
         let pool = &runtime.upstreams[route.upstream];
         let sent = Instant::now();
         let watching_load = policy.overload.is_some();
         let in_flight = watching_load.then(|| self.shared.load.start_request());
-        let result = pool.send(parts, &exchange.path, body, sent).await;
+        let result = pool
+            .send(parts, forwarding, &exchange.path, body, sent)
+            .await;
         let elapsed = sent.elapsed();
         drop(in_flight);
         exchange.upstream = Some(elapsed);

@@ -117,12 +117,13 @@ impl UpstreamPool {
         order
     }
 
-    /// Sends `request` and waits for the response head, due within the upstream's timeout of
-    /// `sent`. Its URI is the client's: what goes upstream is the target's base path, `path`
-    /// (the normalized path) and the URI's query.
+    /// Sends `request` with the fields of `forwarding` and waits for the response head, due
+    /// within the upstream's timeout of `sent`. Its URI is the client's: what goes upstream is
+    /// the target's base path, `path` (the normalized path) and the URI's query.
     pub async fn send(
         &self,
         request: http::request::Parts,
+        forwarding: Forwarding,
         path: &str,
         body: OutgoingBody,
         sent: Instant,
@@ -134,11 +135,13 @@ impl UpstreamPool {
                 if bytes.len() <= OWN_CLIENT_MAX_BODY
                     && !request.headers.contains_key(header::UPGRADE) =>
             {
-                self.exchange_buffered(request, path, &bytes, deadline)
+                self.exchange_buffered(request, &forwarding, path, &bytes, deadline)
                     .await
             }
             // Boxed: the common path's future stays small.
             body => {
+                let mut request = request;
+                forwarding.apply(&mut request.headers);
                 let exchange = Box::pin(self.exchange_with_hyper(request, path, body));
                 tokio::time::timeout_at(deadline, exchange)
                     .await
@@ -152,13 +155,14 @@ impl UpstreamPool {
     async fn exchange_buffered(
         &self,
         mut request: http::request::Parts,
+        forwarding: &Forwarding,
         path: &str,
         body: &Bytes,
         deadline: tokio::time::Instant,
     ) -> Result<Response<Body>, ForwardError> {
         let order = self.order();
         let query = request.uri.query().map(|query| ["?", query]);
-        let has_host = request.headers.contains_key(header::HOST);
+        let has_host = forwarding.sets_host() || request.headers.contains_key(header::HOST);
         let mut encoded = BytesMut::new();
         let mut last_error = ForwardError::Connect("no upstream address".to_owned());
         for (attempt, index) in order.iter().enumerate() {
@@ -174,6 +178,7 @@ impl UpstreamPool {
                 &request.method,
                 &[&target.base_path, path, separator, query],
                 &request.headers,
+                forwarding,
                 body,
                 &mut encoded,
             );
@@ -344,45 +349,99 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// Prepares request headers for the upstream: hop-by-hop removed, the peer appended to
-/// `X-Forwarded-For`, `X-Forwarded-Proto`/`X-Forwarded-Host` set, the client's host kept.
+/// The fields the gateway sets on a forwarded request, replacing any the client sent:
+/// `X-Request-Id`; `Host` (the client's) and `X-Forwarded-Host` when the request named a host;
+/// `X-Forwarded-For`, the client's chain with the peer appended; `X-Forwarded-Proto`.
 ///
-/// `peer` is the TCP peer's address as a header value (rendered once per connection).
-pub fn rewrite_request_headers(
-    headers: &mut HeaderMap,
-    peer: &HeaderValue,
+/// Kept apart from the request's header map: the gateway's own client writes them straight
+/// into the request head, which saves inserting five fields into the map and dropping them
+/// again on every request. Only hyper's client path puts them into the map ([`Self::apply`]).
+#[derive(Debug, Clone)]
+pub struct Forwarding {
+    request_id: HeaderValue,
+    host: Option<HeaderValue>,
+    forwarded_for: Option<HeaderValue>,
     proto: &'static str,
-    host: Option<&HeaderValue>,
-    upgrade: bool,
-) {
-    remove_hop_by_hop(headers, upgrade);
-    // Host first: it usually replaces a field, and HeaderMap makes room before it looks, so
-    // done last it could grow a map that is exactly full.
-    if let Some(host) = host {
-        headers.insert(header::HOST, host.clone());
-        headers.insert(X_FORWARDED_HOST, host.clone());
+}
+
+impl Forwarding {
+    /// `peer` is the TCP peer's address as a header value (rendered once per connection);
+    /// `headers` are the client's, for its `X-Forwarded-For` chain.
+    pub fn new(
+        headers: &HeaderMap,
+        request_id: HeaderValue,
+        peer: &HeaderValue,
+        proto: &'static str,
+        host: Option<&HeaderValue>,
+    ) -> Forwarding {
+        let mut chain = String::new();
+        for entry in headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .map(str::trim)
+            .filter(|value| !value.is_empty())
+        {
+            chain.push_str(entry);
+            chain.push_str(", ");
+        }
+        let forwarded_for = if chain.is_empty() {
+            Some(peer.clone())
+        } else {
+            chain.push_str(peer.to_str().unwrap_or_default());
+            HeaderValue::from_str(&chain).ok()
+        };
+        Forwarding {
+            request_id,
+            host: host.cloned(),
+            forwarded_for,
+            proto,
+        }
     }
-    let mut chain = String::new();
-    for entry in headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .map(str::trim)
-        .filter(|value| !value.is_empty())
-    {
-        chain.push_str(entry);
-        chain.push_str(", ");
+
+    /// Whether the request will carry a `Host` set here.
+    pub fn sets_host(&self) -> bool {
+        self.host.is_some()
     }
-    let forwarded_for = if chain.is_empty() {
-        Some(peer.clone())
-    } else {
-        chain.push_str(peer.to_str().unwrap_or_default());
-        HeaderValue::from_str(&chain).ok()
-    };
-    if let Some(value) = forwarded_for {
-        headers.insert(X_FORWARDED_FOR, value);
+
+    /// Whether a field of the client's named `name` gives way to one of these.
+    pub fn replaces(&self, name: &HeaderName) -> bool {
+        *name == crate::gateway::X_REQUEST_ID
+            || *name == X_FORWARDED_PROTO
+            || (self.forwarded_for.is_some() && *name == X_FORWARDED_FOR)
+            || (self.host.is_some() && (*name == header::HOST || *name == X_FORWARDED_HOST))
     }
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+
+    /// The fields as `(name, value)` pairs, in the order they are written.
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &[u8])> {
+        let host = self.host.iter().flat_map(|host| {
+            [
+                ("host", host.as_bytes()),
+                ("x-forwarded-host", host.as_bytes()),
+            ]
+        });
+        let forwarded_for = self
+            .forwarded_for
+            .iter()
+            .map(|value| ("x-forwarded-for", value.as_bytes()));
+        host.chain(forwarded_for).chain([
+            ("x-forwarded-proto", self.proto.as_bytes()),
+            ("x-request-id", self.request_id.as_bytes()),
+        ])
+    }
+
+    /// Puts the fields into `headers`, replacing the client's.
+    pub fn apply(self, headers: &mut HeaderMap) {
+        if let Some(host) = self.host {
+            headers.insert(header::HOST, host.clone());
+            headers.insert(X_FORWARDED_HOST, host);
+        }
+        if let Some(value) = self.forwarded_for {
+            headers.insert(X_FORWARDED_FOR, value);
+        }
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(self.proto));
+        headers.insert(crate::gateway::X_REQUEST_ID, self.request_id);
+    }
 }
 
 #[cfg(test)]
@@ -422,18 +481,61 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.append(X_FORWARDED_FOR, "1.1.1.1".parse().unwrap());
         headers.append(X_FORWARDED_FOR, "2.2.2.2".parse().unwrap());
+        headers.append(X_FORWARDED_PROTO, "gopher".parse().unwrap());
+        headers.append(crate::gateway::X_REQUEST_ID, "from-client".parse().unwrap());
         let host = HeaderValue::from_static("shop.example.com");
-        rewrite_request_headers(
-            &mut headers,
+        let forwarding = Forwarding::new(
+            &headers,
+            HeaderValue::from_static("r-1"),
             &peer_header("::ffff:10.0.0.1".parse().unwrap()),
             "http",
             Some(&host),
-            false,
         );
-        assert_eq!(headers[X_FORWARDED_FOR], "1.1.1.1, 2.2.2.2, 10.0.0.1");
-        assert_eq!(headers[X_FORWARDED_PROTO], "http");
-        assert_eq!(headers[X_FORWARDED_HOST], "shop.example.com");
-        assert_eq!(headers[header::HOST], "shop.example.com");
+        for name in headers.keys() {
+            assert!(forwarding.replaces(name), "{name}");
+        }
+        let written: Vec<(String, String)> = forwarding
+            .fields()
+            .map(|(name, value)| (name.to_owned(), String::from_utf8_lossy(value).into_owned()))
+            .collect();
+        let mut applied = headers.clone();
+        forwarding.apply(&mut applied);
+        assert_eq!(applied[X_FORWARDED_FOR], "1.1.1.1, 2.2.2.2, 10.0.0.1");
+        assert_eq!(applied[X_FORWARDED_PROTO], "http");
+        assert_eq!(applied[X_FORWARDED_HOST], "shop.example.com");
+        assert_eq!(applied[header::HOST], "shop.example.com");
+        assert_eq!(applied[crate::gateway::X_REQUEST_ID], "r-1");
+        assert_eq!(applied.len(), 5, "the client's fields were replaced");
+        // Written or applied, the request carries the same fields.
+        let mut from_map: Vec<(String, String)> = applied
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
+            .collect();
+        let mut written = written;
+        from_map.sort();
+        written.sort();
+        assert_eq!(written, from_map);
+    }
+
+    #[test]
+    fn without_a_host_the_clients_host_fields_stay() {
+        let forwarding = Forwarding::new(
+            &HeaderMap::new(),
+            HeaderValue::from_static("r-1"),
+            &HeaderValue::from_static("10.0.0.1"),
+            "https",
+            None,
+        );
+        assert!(!forwarding.sets_host());
+        assert!(!forwarding.replaces(&header::HOST));
+        assert!(!forwarding.replaces(&X_FORWARDED_HOST));
+        assert!(forwarding.replaces(&X_FORWARDED_FOR));
+        assert!(!forwarding.replaces(&HeaderName::from_static("x-user-id")));
+        let names: Vec<&str> = forwarding.fields().map(|(name, _)| name).collect();
+        assert_eq!(
+            names,
+            ["x-forwarded-for", "x-forwarded-proto", "x-request-id"]
+        );
     }
 
     #[test]

@@ -67,6 +67,9 @@ async fn forwards_with_forwarding_headers_and_without_hop_by_hop_headers() {
                 ("x-private", "must not pass"),
                 ("keep-alive", "timeout=5"),
                 ("host", "shop.example.com"),
+                // The gateway's own fields replace what a client claims.
+                ("x-forwarded-proto", "https"),
+                ("x-forwarded-host", "spoofed.example"),
             ],
         )
         .await;

@@ -25,7 +25,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_rustls::client::TlsStream;
 
-use super::header_tokens;
+use super::{header_tokens, Forwarding};
 use crate::{Body, BoxError};
 
 /// A response head larger than this is refused.
@@ -166,13 +166,14 @@ impl IdleConnections {
     }
 }
 
-/// Writes the request head and body of a request whose body is in memory. `target` is the
-/// origin-form request target; `Content-Length` is set from the body (and `Transfer-Encoding`
+/// Writes the request head and body of a request whose body is in memory, with the fields of
+/// `forwarding` in place of the client's. `target` is the origin-form request target; `Content-Length` is set from the body (and `Transfer-Encoding`
 /// never sent), so the framing is always the one the body really has.
 pub(crate) fn encode_request(
     method: &Method,
     target: &[&str],
     headers: &HeaderMap,
+    forwarding: &Forwarding,
     body: &[u8],
     out: &mut BytesMut,
 ) {
@@ -189,13 +190,13 @@ pub(crate) fn encode_request(
             declared_length = true;
             continue;
         }
-        if name == header::TRANSFER_ENCODING {
+        if name == header::TRANSFER_ENCODING || forwarding.replaces(name) {
             continue;
         }
-        out.put_slice(name.as_str().as_bytes());
-        out.put_slice(b": ");
-        out.put_slice(value.as_bytes());
-        out.put_slice(b"\r\n");
+        put_field(out, name.as_str(), value.as_bytes());
+    }
+    for (name, value) in forwarding.fields() {
+        put_field(out, name, value);
     }
     let expects_body = matches!(*method, Method::POST | Method::PUT | Method::PATCH);
     if !body.is_empty() || declared_length || expects_body {
@@ -205,6 +206,13 @@ pub(crate) fn encode_request(
     }
     out.put_slice(b"\r\n");
     out.put_slice(body);
+}
+
+fn put_field(out: &mut BytesMut, name: &str, value: &[u8]) {
+    out.put_slice(name.as_bytes());
+    out.put_slice(b": ");
+    out.put_slice(value);
+    out.put_slice(b"\r\n");
 }
 
 /// Why an exchange produced no response.
@@ -863,20 +871,53 @@ mod tests {
             header::TRANSFER_ENCODING,
             HeaderValue::from_static("chunked"),
         );
+        let forwarding = Forwarding::new(
+            &headers,
+            HeaderValue::from_static("r-1"),
+            &HeaderValue::from_static("10.0.0.1"),
+            "http",
+            None,
+        );
         let mut out = BytesMut::new();
         encode_request(
             &Method::POST,
             &["/base", "/login?a=1"],
             &headers,
+            &forwarding,
             b"abc",
             &mut out,
         );
         assert_eq!(
             &out[..],
-            b"POST /base/login?a=1 HTTP/1.1\r\nhost: app\r\ncontent-length: 3\r\n\r\nabc"
+            b"POST /base/login?a=1 HTTP/1.1\r\nhost: app\r\nx-forwarded-for: 10.0.0.1\r\n\
+              x-forwarded-proto: http\r\nx-request-id: r-1\r\ncontent-length: 3\r\n\r\nabc"
+        );
+    }
+
+    #[test]
+    fn the_gateways_fields_replace_the_clients() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("spoofed"));
+        headers.insert("x-forwarded-host", HeaderValue::from_static("spoofed"));
+        headers.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        headers.insert("x-request-id", HeaderValue::from_static("client-id"));
+        headers.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
+        headers.insert("x-kept", HeaderValue::from_static("yes"));
+        let host = HeaderValue::from_static("shop.example");
+        let forwarding = Forwarding::new(
+            &headers,
+            HeaderValue::from_static("r-1"),
+            &HeaderValue::from_static("10.0.0.1"),
+            "http",
+            Some(&host),
         );
         let mut out = BytesMut::new();
-        encode_request(&Method::GET, &["/"], &HeaderMap::new(), b"", &mut out);
-        assert_eq!(&out[..], b"GET / HTTP/1.1\r\n\r\n");
+        encode_request(&Method::GET, &["/"], &headers, &forwarding, b"", &mut out);
+        assert_eq!(
+            &out[..],
+            b"GET / HTTP/1.1\r\nx-kept: yes\r\nhost: shop.example\r\n\
+              x-forwarded-host: shop.example\r\nx-forwarded-for: 1.1.1.1, 10.0.0.1\r\n\
+              x-forwarded-proto: http\r\nx-request-id: r-1\r\n\r\n"
+        );
     }
 }

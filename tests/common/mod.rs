@@ -137,11 +137,17 @@ async fn upstream_answer(mut request: Request<Incoming>, delay: Duration) -> Res
                 .await
                 .map(|b| b.to_bytes())
                 .unwrap_or_default();
-            let headers: serde_json::Map<String, serde_json::Value> = parts
-                .headers
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("").into()))
-                .collect();
+            // A field that arrived more than once shows as its values joined by ", ".
+            let mut headers = serde_json::Map::new();
+            for name in parts.headers.keys() {
+                let values: Vec<&str> = parts
+                    .headers
+                    .get_all(name)
+                    .iter()
+                    .map(|value| value.to_str().unwrap_or(""))
+                    .collect();
+                headers.insert(name.to_string(), values.join(", ").into());
+            }
             let description = serde_json::json!({
                 "method": parts.method.as_str(),
                 "uri": parts.uri.to_string(),

@@ -30,11 +30,6 @@ use crate::Body;
 /// hyper's default limit on the number of request header fields; beyond it hyper answers 431.
 const MAX_HEADERS: usize = 100;
 
-/// Header fields the gateway may add to a request before forwarding it: `X-Request-Id` and the
-/// `X-Forwarded-*` trio. No more: the map's entries stay small enough for the allocator's
-/// fast path.
-const ADDED_UPSTREAM: usize = 4;
-
 /// Body chunks up to this size are copied behind the response head and go out in one write;
 /// larger ones are written from where they are.
 const COPY_AT_MOST: usize = 16 * 1024;
@@ -218,8 +213,8 @@ pub(super) fn parse_request(buffer: &mut BytesMut, max_head: usize) -> Parsed {
     let Ok(uri) = Uri::from_maybe_shared(head.slice(target)) else {
         return Parsed::HandOver;
     };
-    // Room for what the gateway adds on the way upstream, without a rehash.
-    let mut headers = HeaderMap::with_capacity(ranges.len() + ADDED_UPSTREAM);
+    // The gateway adds nothing to this map on the way upstream (see `upstream::Forwarding`).
+    let mut headers = HeaderMap::with_capacity(ranges.len());
     for (name, value) in ranges {
         let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(&head[name]),

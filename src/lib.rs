@@ -140,6 +140,14 @@ impl Shared {
     }
 }
 
+/// One header field, `name: value` and its line end, into an HTTP/1.1 head.
+pub(crate) fn write_header_field(out: &mut bytes::BytesMut, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// `bytes` in lower-case hexadecimal, two digits per byte, into `digits`.
 pub(crate) fn write_hex(bytes: &[u8], digits: &mut [u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -361,8 +361,15 @@ pub struct Forwarding {
     request_id: HeaderValue,
     host: Option<HeaderValue>,
     forwarded_for: Option<HeaderValue>,
-    proto: &'static str,
+    proto: HeaderValue,
 }
+
+// The names as statics, so that `Forwarding::fields` can hand out references to them.
+static HOST: HeaderName = header::HOST;
+static FORWARDED_HOST: HeaderName = X_FORWARDED_HOST;
+static FORWARDED_FOR: HeaderName = X_FORWARDED_FOR;
+static FORWARDED_PROTO: HeaderName = X_FORWARDED_PROTO;
+static REQUEST_ID: HeaderName = crate::gateway::X_REQUEST_ID;
 
 impl Forwarding {
     /// `peer` is the TCP peer's address as a header value (rendered once per connection);
@@ -395,7 +402,7 @@ impl Forwarding {
             request_id,
             host: host.cloned(),
             forwarded_for,
-            proto,
+            proto: HeaderValue::from_static(proto),
         }
     }
 
@@ -413,34 +420,26 @@ impl Forwarding {
     }
 
     /// The fields as `(name, value)` pairs, in the order they are written.
-    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &[u8])> {
-        let host = self.host.iter().flat_map(|host| {
-            [
-                ("host", host.as_bytes()),
-                ("x-forwarded-host", host.as_bytes()),
-            ]
-        });
+    pub fn fields(&self) -> impl Iterator<Item = (&'static HeaderName, &HeaderValue)> {
+        let host = self
+            .host
+            .iter()
+            .flat_map(|host| [(&HOST, host), (&FORWARDED_HOST, host)]);
         let forwarded_for = self
             .forwarded_for
             .iter()
-            .map(|value| ("x-forwarded-for", value.as_bytes()));
+            .map(|value| (&FORWARDED_FOR, value));
         host.chain(forwarded_for).chain([
-            ("x-forwarded-proto", self.proto.as_bytes()),
-            ("x-request-id", self.request_id.as_bytes()),
+            (&FORWARDED_PROTO, &self.proto),
+            (&REQUEST_ID, &self.request_id),
         ])
     }
 
     /// Puts the fields into `headers`, replacing the client's.
     pub fn apply(self, headers: &mut HeaderMap) {
-        if let Some(host) = self.host {
-            headers.insert(header::HOST, host.clone());
-            headers.insert(X_FORWARDED_HOST, host);
+        for (name, value) in self.fields() {
+            headers.insert(name.clone(), value.clone());
         }
-        if let Some(value) = self.forwarded_for {
-            headers.insert(X_FORWARDED_FOR, value);
-        }
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(self.proto));
-        headers.insert(crate::gateway::X_REQUEST_ID, self.request_id);
     }
 }
 
@@ -496,7 +495,7 @@ mod tests {
         }
         let written: Vec<(String, String)> = forwarding
             .fields()
-            .map(|(name, value)| (name.to_owned(), String::from_utf8_lossy(value).into_owned()))
+            .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
             .collect();
         let mut applied = headers.clone();
         forwarding.apply(&mut applied);
@@ -531,7 +530,7 @@ mod tests {
         assert!(!forwarding.replaces(&X_FORWARDED_HOST));
         assert!(forwarding.replaces(&X_FORWARDED_FOR));
         assert!(!forwarding.replaces(&HeaderName::from_static("x-user-id")));
-        let names: Vec<&str> = forwarding.fields().map(|(name, _)| name).collect();
+        let names: Vec<&str> = forwarding.fields().map(|(name, _)| name.as_str()).collect();
         assert_eq!(
             names,
             ["x-forwarded-for", "x-forwarded-proto", "x-request-id"]

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use super::{ConnectionGuards, Watchdog};
 use crate::gateway::{Connection, Gateway, RequestBody};
 use crate::upstream::header_tokens;
-use crate::Body;
+use crate::{write_header_field, Body};
 
 /// hyper's default limit on the number of request header fields; beyond it hyper answers 431.
 const MAX_HEADERS: usize = 100;
@@ -279,10 +279,10 @@ pub(super) fn encode_response_head(
         }
         has_length |= *name == header::CONTENT_LENGTH;
         has_date |= *name == header::DATE;
-        field(out, name.as_str().as_bytes(), value.as_bytes());
+        write_header_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     if !has_date {
-        with_date(|date| field(out, b"date", date));
+        with_date(|date| write_header_field(out, b"date", date));
     }
     let bodyless = status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -292,7 +292,7 @@ pub(super) fn encode_response_head(
     } else {
         if !has_length {
             if let Some(length) = body_length {
-                field(
+                write_header_field(
                     out,
                     b"content-length",
                     itoa::Buffer::new().format(length).as_bytes(),
@@ -304,23 +304,16 @@ pub(super) fn encode_response_head(
             (true, _) => Framing::None,
             (false, true) => Framing::Length,
             (false, false) => {
-                field(out, b"transfer-encoding", b"chunked");
+                write_header_field(out, b"transfer-encoding", b"chunked");
                 Framing::Chunked
             }
         }
     };
     if close {
-        field(out, b"connection", b"close");
+        write_header_field(out, b"connection", b"close");
     }
     out.extend_from_slice(b"\r\n");
     ResponseHead { framing, close }
-}
-
-fn field(out: &mut BytesMut, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Calls `write` with the current `date` value (RFC 9110 IMF-fixdate), formatted at most once
@@ -395,7 +388,7 @@ where
         if chunked {
             out.extend_from_slice(b"0\r\n");
             for (name, value) in trailers.iter().flatten() {
-                field(out, name.as_str().as_bytes(), value.as_bytes());
+                write_header_field(out, name.as_str().as_bytes(), value.as_bytes());
             }
             out.extend_from_slice(b"\r\n");
         }

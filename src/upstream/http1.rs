@@ -26,7 +26,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::client::TlsStream;
 
 use super::{header_tokens, Forwarding};
-use crate::{Body, BoxError};
+use crate::{write_header_field, Body, BoxError};
 
 /// A response head larger than this is refused.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -193,10 +193,10 @@ pub(crate) fn encode_request(
         if name == header::TRANSFER_ENCODING || forwarding.replaces(name) {
             continue;
         }
-        put_field(out, name.as_str(), value.as_bytes());
+        write_header_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     for (name, value) in forwarding.fields() {
-        put_field(out, name, value);
+        write_header_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     let expects_body = matches!(*method, Method::POST | Method::PUT | Method::PATCH);
     if !body.is_empty() || declared_length || expects_body {
@@ -206,13 +206,6 @@ pub(crate) fn encode_request(
     }
     out.put_slice(b"\r\n");
     out.put_slice(body);
-}
-
-fn put_field(out: &mut BytesMut, name: &str, value: &[u8]) {
-    out.put_slice(name.as_bytes());
-    out.put_slice(b": ");
-    out.put_slice(value);
-    out.put_slice(b"\r\n");
 }
 
 /// Why an exchange produced no response.

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Redis's own cost per decision: the store's decide script (src/limit/decide.lua) called for
-# three buckets by redis-benchmark against a private redis-server.
+# three-bucket requests by redis-benchmark against a private redis-server.
 #
-#   bench/redis_script.sh                    # µs of Redis CPU per call (INFO commandstats),
-#                                            # redis-server alone on CPU 1
+#   bench/redis_script.sh                    # µs of Redis CPU per decision (INFO
+#                                            # commandstats), redis-server alone on CPU 1
 #   bench/redis_script.sh path/to/other.lua  # a variant, for comparison in the same run
+#   BATCH=8 bench/redis_script.sh            # 8 requests on the same buckets per call, as
+#                                            # the gateway batches them under load
 #   INSTRUCTIONS=1 bench/redis_script.sh     # redis-server's instructions per call, counted by
 #                                            # callgrind: steady where the µs swing with the
 #                                            # machine's load
@@ -25,6 +27,15 @@ source bench/common.sh
 script=${1:-src/limit/decide.lua}
 # Per bucket: capacity, rate, cost, enforce, adaptive factor (0: none), adaptive minimum.
 bucket="1000000000000 1000000000 1 1 0 0"
+batch=${BATCH:-1}
+keys=('{bench}per_network:v4:127.0.0.1/32' '{bench}per_user:h:0fa000000000000000000000000000ff'
+  '{bench}everyone:global')
+# One shape of three buckets, then per request: its shape and its three keys.
+# shellcheck disable=SC2206 # the buckets' numbers are separate arguments
+arguments=(1 3 $bucket $bucket $bucket)
+for ((request = 0; request < batch; request++)); do
+  arguments+=(1 1 2 3)
+done
 
 # start_redis [WRAPPER...]: a private redis-server on a free port; sets $port and $redis.
 start_redis() {
@@ -37,21 +48,20 @@ start_redis() {
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
 }
 
-# calls N: N three-bucket decisions from redis-benchmark on CPU 0.
+# calls N: N calls of BATCH three-bucket decisions each, from redis-benchmark on CPU 0.
 calls() {
   local sha
   sha=$(redis-cli -p "$port" script load "$(cat "$script")")
-  # shellcheck disable=SC2086 # the buckets' numbers are separate arguments
-  taskset -c 0 redis-benchmark -p "$port" -c 8 -n "$1" -q evalsha "$sha" 3 \
-    '{bench}per_network:v4:127.0.0.1/32' '{bench}per_user:h:0fa000000000000000000000000000ff' \
-    '{bench}everyone:global' $bucket $bucket $bucket >/dev/null
+  taskset -c 0 redis-benchmark -p "$port" -c 8 -n "$1" -q evalsha "$sha" "${#keys[@]}" \
+    "${keys[@]}" "${arguments[@]}" >/dev/null
 }
 
 if [[ -z "${INSTRUCTIONS:-}" ]]; then
   start_redis taskset -c 1
   calls 200000
   stats=$(redis-cli -p "$port" info commandstats | grep '^cmdstat_evalsha:')
-  echo "$script: $(grep -o 'usec_per_call=[0-9.]*' <<<"$stats" | cut -d= -f2) µs of Redis CPU per three-bucket call"
+  per_call=$(grep -o 'usec_per_call=[0-9.]*' <<<"$stats" | cut -d= -f2)
+  echo "$script: $(python3 -c "print(f'{$per_call / $batch:.2f}')") µs of Redis CPU per three-bucket decision ($batch per call)"
   exit 0
 fi
 
@@ -67,4 +77,4 @@ instructions() {
 }
 few=$(instructions 1000)
 many=$(instructions 11000)
-echo "$script: $(((many - few) / 10000)) redis-server instructions per three-bucket call"
+echo "$script: $(((many - few) / 10000 / batch)) redis-server instructions per three-bucket decision ($batch per call)"

@@ -22,11 +22,11 @@ LOADGEN_CPU=0
 PROXY_CPU=1
 
 missing=()
-for tool in wrk nginx redis-server taskset; do
+for tool in wrk nginx redis-server redis-cli taskset; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if ((${#missing[@]})); then
-  echo "bench: missing ${missing[*]}. On Debian: apt-get install wrk nginx-light redis-server util-linux" >&2
+  echo "bench: missing ${missing[*]}. On Debian: apt-get install wrk nginx-light redis-server redis-tools util-linux" >&2
   exit 1
 fi
 if (($(nproc) < 2)); then
@@ -95,6 +95,7 @@ measure() {
     rss="-"
   fi
   echo "$name|$rps|$p50|$p99|$cpu_us|$rss" >> "$results"
+  measured_requests=$requests
   echo "  $name: $rps requests/s, p50 $p50, p99 $p99, $cpu_us CPU µs/request" >&2
 }
 
@@ -150,7 +151,14 @@ port=$(free_port); pid=$(start_tollgate memory "$port" "" "$never" "1000000000/s
 measure "4 tollgate memory, 3 limits" "http://127.0.0.1:$port/" "$pid"; stop "$pid"
 
 port=$(free_port); pid=$(start_tollgate redis "$port" "$redis_store" "$never" "1000000000/s")
+redis-cli -p "$redis_port" config resetstat >/dev/null
 measure "5 tollgate redis, 3 limits" "http://127.0.0.1:$port/" "$pid"; stop "$pid"
+# Decisions share script calls under load: how many per call, and Redis's CPU per request.
+redis_stats=$(redis-cli -p "$redis_port" info commandstats | grep '^cmdstat_evalsha:' || true)
+redis_calls=$(grep -o 'calls=[0-9]*' <<<"$redis_stats" | head -1 | cut -d= -f2)
+redis_usec=$(grep -o 'usec=[0-9]*' <<<"$redis_stats" | head -1 | cut -d= -f2)
+redis_summary=$(awk -v calls="${redis_calls:-0}" -v usec="${redis_usec:-0}" -v n="$measured_requests" \
+  'BEGIN {if (calls > 0) printf "row 5: %.1f requests per Redis script call, %.2f µs of Redis CPU per request", n / calls, usec / n}')
 
 port=$(free_port)
 nginx_pids=$(start_nginx refuse "$port" "$nginx_refuse_directives" "$nginx_refuse_zone")
@@ -173,3 +181,5 @@ for name, rps, p50, p99, cpu, rss in rows:
     cpu_ratio = f"{float(cpu) / cpu3:.2f}" if cpu != "-" else "-"
     print(f"| {name} | {float(rps):,.0f} | {p50} | {p99} | {cpu} | {rss} | {float(rps) / base1:.2f} | {float(rps) / base3:.2f} | {cpu_ratio} |")
 PY
+echo
+echo "$redis_summary"

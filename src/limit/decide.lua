@@ -1,97 +1,156 @@
--- All of one request's buckets (in one slot), decided in one indivisible step.
+-- A batch of requests (all in one slot), each decided against all of its buckets in one
+-- indivisible step, one request after another, as if each were its own call at the same time.
 --
--- KEYS[i]: the bucket keys.
--- ARGV: per bucket, 6 values: capacity, rate (tokens per second), cost, enforce (1/0),
---   factor and min_capacity of the limit's adaptive penalty (factor '0': not adaptive).
+-- KEYS: the bucket keys of the batch, each once.
+-- ARGV: the number of shapes, then each shape: its number of buckets n, then per bucket 6
+--   values: capacity, rate (tokens per second), cost, enforce (1/0), factor and min_capacity
+--   of the limit's adaptive penalty (factor '0': not adaptive). Then per request: the index of
+--   its shape, then for each of the shape's buckets the index of its key in KEYS.
+--   Requests of one route share a shape: its numbers are sent, and read, once per batch.
 -- State per bucket: a hash {tokens, ts} where ts is the Redis server's time in microseconds,
 -- plus, for keys of adaptive limits, {level, hold, errors, keep} written by outcome.lua.
 -- The time is the server's (TIME), so replicas with skewed clocks agree.
 --
 -- A penalised key's capacity and rate are multiplied by factor^level (never below
--- min_capacity) until `hold`. Admitted only if every enforcing bucket holds its cost; then
--- every bucket that can pay is charged. A bucket is written only when charged (refill is lazy:
--- an unwritten bucket keeps meaning the same thing) and expires once it would be full again
--- and its adaptive state no longer matters.
+-- min_capacity) until `hold`. A request is admitted only if every enforcing bucket holds its
+-- cost; then every bucket that can pay is charged. A bucket is written only when charged
+-- (refill is lazy: an unwritten bucket keeps meaning the same thing), once per batch however
+-- many requests charged it, and expires once it would be full again and its adaptive state no
+-- longer matters.
 --
--- Reply: one string "admitted tokens_1 sufficient_1 multiplier_1 ..." (numbers as text: Redis
--- would truncate Lua numbers to integers; one string is one bulk reply to parse).
+-- Reply: one string, per request "admitted tokens_1 sufficient_1 multiplier_1 ...", the
+-- requests one after another (numbers as text: Redis would truncate Lua numbers to integers;
+-- one string is one bulk reply to parse).
 --
--- This runs inside Redis for every request, so it is written for Redis's CPU: library
--- functions held in locals, comparisons instead of math.min/max calls, one table for all
--- buckets' numbers instead of one per quantity, and strings from Redis used in arithmetic
--- as they are (Lua converts them, as tonumber would). Each of these showed in instruction
--- counts of redis-server.
+-- This runs inside Redis for every batch, so it is written for Redis's CPU: library functions
+-- held in locals, comparisons instead of math.min/max calls, flat tables, and strings from
+-- Redis used in arithmetic as they are (Lua converts them, as tonumber would). Each of these
+-- showed in instruction counts of redis-server.
 
 local call, tonumber, format, ceil = redis.call, tonumber, string.format, math.ceil
 local clock = call('TIME')
 local now = clock[1] * 1000000 + clock[2]
 
-local count = #KEYS
--- Per bucket, from (i - 1) * 6: tokens now, capacity, rate, multiplier, cost, keep (until
--- when its adaptive state matters).
-local state, sufficient = {}, {}
-local admitted = true
-for i = 1, count do
-  local base = (i - 1) * 6
-  local capacity = tonumber(ARGV[base + 1])
-  local rate = tonumber(ARGV[base + 2])
-  local cost = tonumber(ARGV[base + 3])
-  local stored
-  local multiplier, keep = 1, 0
-  if ARGV[base + 5] ~= '0' then
-    stored = call('HMGET', KEYS[i], 'tokens', 'ts', 'level', 'hold', 'keep')
-    local level = tonumber(stored[3]) or 0
-    if level > 0 and now < (tonumber(stored[4]) or 0) then
-      local floor = tonumber(ARGV[base + 6]) / capacity
-      if floor > 1 then floor = 1 end
-      multiplier = tonumber(ARGV[base + 5]) ^ level
-      if multiplier < floor then multiplier = floor end
-    end
-    keep = tonumber(stored[5]) or 0
-    capacity = capacity * multiplier
-    rate = rate * multiplier
-  else
-    -- Not adaptive: the penalty fields are never written, so only these two are read.
-    stored = call('HMGET', KEYS[i], 'tokens', 'ts')
+-- Per shape: { n, then per bucket from (i - 1) * 6 + 1: capacity, rate, cost, enforce (a
+-- boolean), factor (false: not adaptive) and min_capacity (as text) }.
+local shapes = {}
+local argument = 2
+for s = 1, tonumber(ARGV[1]) do
+  local count = tonumber(ARGV[argument])
+  local shape = { count }
+  for i = 1, count do
+    local from, to = argument + (i - 1) * 6, (i - 1) * 6 + 1
+    shape[to + 1], shape[to + 2] = tonumber(ARGV[from + 1]), tonumber(ARGV[from + 2])
+    shape[to + 3], shape[to + 4] = tonumber(ARGV[from + 3]), ARGV[from + 4] == '1'
+    -- Adaptive numbers are only read for a penalised key.
+    shape[to + 5] = ARGV[from + 5] ~= '0' and ARGV[from + 5]
+    shape[to + 6] = ARGV[from + 6]
   end
-  local current = capacity
-  if stored[1] and stored[2] then
-    local elapsed = now - stored[2]
-    if elapsed < 0 then elapsed = 0 end
-    current = stored[1] + elapsed / 1000000 * rate
-    if current > capacity then current = capacity end
-  end
-  state[base + 1], state[base + 2], state[base + 3] = current, capacity, rate
-  state[base + 4], state[base + 5], state[base + 6] = multiplier, cost, keep
-  sufficient[i] = current >= cost
-  if not sufficient[i] and ARGV[base + 4] == '1' then
-    admitted = false
-  end
+  shapes[s] = shape
+  argument = argument + 1 + count * 6
 end
 
--- string.format costs more than a redis.call here: each number is spelled once, and the
--- usual multiplier of 1 not at all.
+-- Per key of KEYS (by index) once read: { tokens now (false: none stored), level, hold,
+-- keep, penalty read (whether level, hold and keep were read), and once charged: the expiry
+-- in ms and the tokens to store, spelled }.
+local seen = {}
+-- Per bucket of the current request, from (i - 1) * 6: its entry in `seen`, tokens now,
+-- capacity, rate, multiplier, cost.
+local state, sufficient = {}, {}
+local reply, replied = {}, 0
+local arguments = #ARGV
+
+while argument <= arguments do
+  local shape = shapes[tonumber(ARGV[argument])]
+  local count = shape[1]
+  local admitted = true
+  for i = 1, count do
+    local at = (i - 1) * 6 + 1
+    local index = tonumber(ARGV[argument + i])
+    local capacity, rate, factor = shape[at + 1], shape[at + 2], shape[at + 5]
+    local entry = seen[index]
+    local elapsed = 0
+    if not entry then
+      local stored
+      if factor then
+        stored = call('HMGET', KEYS[index], 'tokens', 'ts', 'level', 'hold', 'keep')
+        entry = { false, tonumber(stored[3]) or 0, tonumber(stored[4]) or 0,
+          tonumber(stored[5]) or 0, true, false }
+      else
+        -- Not adaptive: the penalty fields are never written, so only these two are read.
+        stored = call('HMGET', KEYS[index], 'tokens', 'ts')
+        entry = { false, 0, 0, 0, false, false }
+      end
+      if stored[1] and stored[2] then
+        entry[1] = stored[1]
+        elapsed = now - stored[2]
+        if elapsed < 0 then elapsed = 0 end
+      end
+      seen[index] = entry
+    elseif factor and not entry[5] then
+      local stored = call('HMGET', KEYS[index], 'level', 'hold', 'keep')
+      entry[2], entry[3] = tonumber(stored[1]) or 0, tonumber(stored[2]) or 0
+      entry[4], entry[5] = tonumber(stored[3]) or 0, true
+    end
+    local multiplier = 1
+    if factor and entry[2] > 0 and now < entry[3] then
+      local floor = tonumber(shape[at + 6]) / capacity
+      if floor > 1 then floor = 1 end
+      multiplier = tonumber(factor) ^ entry[2]
+      if multiplier < floor then multiplier = floor end
+      capacity = capacity * multiplier
+      rate = rate * multiplier
+    end
+    local current = capacity
+    if entry[1] then
+      current = entry[1] + elapsed / 1000000 * rate
+      if current > capacity then current = capacity end
+    end
+    local cost = shape[at + 3]
+    local base = (i - 1) * 6
+    state[base + 1], state[base + 2], state[base + 3] = entry, current, capacity
+    state[base + 4], state[base + 5], state[base + 6] = rate, multiplier, cost
+    sufficient[i] = current >= cost
+    if not sufficient[i] and shape[at + 4] then
+      admitted = false
+    end
+  end
+
+  replied = replied + 1
+  reply[replied] = admitted and '1' or '0'
+  for i = 1, count do
+    local base = (i - 1) * 6
+    local entry, tokens = state[base + 1], state[base + 2]
+    local charged = admitted and sufficient[i]
+    if charged then
+      tokens = tokens - state[base + 6]
+    end
+    local spelled = format('%.17g', tokens)
+    if charged then
+      local expire_ms = ceil((state[base + 3] - tokens) / state[base + 4] * 1000)
+      local keep_ms = ceil((entry[4] - now) / 1000)
+      if keep_ms > expire_ms then expire_ms = keep_ms end
+      entry[6], entry[7] = expire_ms, spelled
+    end
+    -- What the next request of the batch finds in this bucket: no time passes in between.
+    entry[1] = tokens
+    local multiplier = state[base + 5]
+    reply[replied + 1] = spelled
+    reply[replied + 2] = sufficient[i] and '1' or '0'
+    reply[replied + 3] = multiplier == 1 and '1' or format('%.17g', multiplier)
+    replied = replied + 3
+  end
+  argument = argument + 1 + count
+end
+
 local now_text = format('%d', now)
-local reply = { admitted and '1' or '0' }
-for i = 1, count do
-  local base = (i - 1) * 6
-  local tokens = state[base + 1]
-  local charged = admitted and sufficient[i]
-  if charged then
-    tokens = tokens - state[base + 5]
-  end
-  local spelled = format('%.17g', tokens)
-  if charged then
-    call('HSET', KEYS[i], 'tokens', spelled, 'ts', now_text)
-    local expire_ms = ceil((state[base + 2] - tokens) / state[base + 3] * 1000)
-    local keep_ms = ceil((state[base + 6] - now) / 1000)
-    if keep_ms > expire_ms then expire_ms = keep_ms end
+for index = 1, #KEYS do
+  local entry = seen[index]
+  if entry and entry[6] then
+    local expire_ms = entry[6]
     if expire_ms > 315360000000 then expire_ms = 315360000000 end
-    call('PEXPIRE', KEYS[i], format('%d', expire_ms + 1000))
+    call('HSET', KEYS[index], 'tokens', entry[7], 'ts', now_text)
+    call('PEXPIRE', KEYS[index], format('%d', expire_ms + 1000))
   end
-  local multiplier = state[base + 4]
-  reply[3 * i - 1] = spelled
-  reply[3 * i] = sufficient[i] and '1' or '0'
-  reply[3 * i + 1] = multiplier == 1 and '1' or format('%.17g', multiplier)
 end
 return table.concat(reply, ' ')

@@ -1,9 +1,10 @@
 //! The shared store: buckets in Redis (one node or a Cluster), so that any number of replicas
 //! enforce exactly the configured limits.
 //!
-//! One request is one script call (`decide.lua`, EVALSHA, reloaded on NOSCRIPT) on a
+//! A request is decided by one script call (`decide.lua`, EVALSHA, reloaded on NOSCRIPT) on a
 //! multiplexed connection: every applicable bucket is checked and, only if all pass, charged,
-//! at the Redis server's time. In a Cluster, a request's buckets may live in different slots:
+//! at the Redis server's time. On one node, the requests that arrive while calls are out share
+//! the next call (see [`batch`]). In a Cluster, a request's buckets may live in different slots:
 //! each slot's buckets are decided by one call (all concurrently), and if any slot refuses
 //! while others charged, those charges are given back (`refund.lua`). Between the charge and
 //! the refund another request may see those tokens missing: the protocol can refuse a request
@@ -22,6 +23,10 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::Script;
+
+mod batch;
+
+use batch::{Batcher, BucketArguments, DecideCall, RequestReply, Shape};
 
 use super::breaker::{Breaker, Permit};
 use super::clock::Clock;
@@ -59,6 +64,8 @@ pub struct RedisStore {
     deny_cache: DenyCache,
     clock: Clock,
     deny_cache_refusals: AtomicU64,
+    /// Decisions on a single node go out in batches.
+    batcher: Batcher,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -72,13 +79,6 @@ impl std::fmt::Debug for RedisStore {
             )
             .finish_non_exhaustive()
     }
-}
-
-/// The reply of one `decide.lua` call for one group of buckets.
-struct GroupReply {
-    admitted: bool,
-    /// (tokens after, sufficient, adaptive multiplier) per bucket of the group.
-    buckets: Vec<(f64, bool, f64)>,
 }
 
 impl RedisStore {
@@ -137,12 +137,19 @@ impl RedisStore {
             deny_cache: DenyCache::default(),
             clock,
             deny_cache_refusals: AtomicU64::new(0),
+            batcher: Batcher::default(),
         })
     }
 
     /// Requests refused by the deny cache without a store call.
     pub fn deny_cache_refusals(&self) -> u64 {
         self.deny_cache_refusals.load(Ordering::Relaxed)
+    }
+
+    /// `decide.lua` calls made for batches of decisions on a single node (one call may decide
+    /// many requests; a Cluster's calls are not counted here).
+    pub fn batch_calls(&self) -> u64 {
+        self.batcher.calls()
     }
 
     pub fn is_circuit_open(&self) -> bool {
@@ -170,9 +177,8 @@ impl RedisStore {
             return Err(StoreError::Unavailable);
         }
         let sent = self.clock.now();
-        let result =
-            tokio::time::timeout(self.timeout, self.decide_in_redis(requests, &keys)).await;
-        let decision = match result {
+        let result = tokio::time::timeout(self.timeout, self.decide_in_redis(requests, keys)).await;
+        let (keys, decision) = match result {
             Ok(Ok(decision)) => decision,
             Ok(Err(error)) => {
                 self.breaker.failure();
@@ -226,15 +232,47 @@ impl RedisStore {
         })
     }
 
+    /// Decides in Redis; gives the keys back with the decision.
     async fn decide_in_redis(
+        &self,
+        requests: &[BucketRequest],
+        keys: Vec<String>,
+    ) -> Result<(Vec<String>, Decision), StoreError> {
+        let manager = match &self.connection {
+            Connection::Single(manager) => manager,
+            Connection::Cluster(_) => {
+                let decision = self.decide_across_slots(requests, &keys).await?;
+                return Ok((keys, decision));
+            }
+        };
+        let shape: Shape = requests.iter().map(BucketArguments::of).collect();
+        let (keys, reply) = self
+            .batcher
+            .decide(manager, &self.decide, keys, shape)
+            .await;
+        let reply = reply?;
+        let verdicts = requests
+            .iter()
+            .zip(reply.buckets)
+            .map(|(request, (tokens, sufficient, multiplier))| {
+                Verdict::observed(&request.charge.scaled(multiplier), tokens, sufficient)
+            })
+            .collect();
+        let decision = Decision {
+            admitted: reply.admitted,
+            verdicts,
+        };
+        Ok((keys, decision))
+    }
+
+    /// A Cluster's decision: one call per slot that the request's buckets live in, all at
+    /// once; if a slot refuses, what the others charged is given back.
+    async fn decide_across_slots(
         &self,
         requests: &[BucketRequest],
         keys: &[String],
     ) -> Result<Decision, StoreError> {
-        let groups = match &self.connection {
-            Connection::Single(_) => vec![(0..requests.len()).collect::<Vec<usize>>()],
-            Connection::Cluster(_) => group_by_slot(keys),
-        };
+        let groups = group_by_slot(keys);
         let replies = join_all(
             groups
                 .iter()
@@ -281,29 +319,24 @@ impl RedisStore {
         Ok(Decision { admitted, verdicts })
     }
 
+    /// One slot's buckets of one request, decided by a call of their own.
     async fn call_decide(
         &self,
         requests: &[BucketRequest],
         keys: &[String],
         group: &[usize],
-    ) -> Result<GroupReply, StoreError> {
-        let reply: String = self
-            .run_script(&self.decide, keys, group, |command, position| {
-                let request = &requests[group[position]];
-                let charge = &request.charge;
-                let (factor, min_capacity) = request
-                    .adaptive
-                    .map_or((0.0, 0.0), |params| (params.factor, params.min_capacity));
-                command
-                    .arg(Number(charge.capacity))
-                    .arg(Number(charge.rate))
-                    .arg(Number(charge.cost))
-                    .arg(if charge.enforce { 1 } else { 0 })
-                    .arg(Number(factor))
-                    .arg(Number(min_capacity));
-            })
-            .await?;
-        parse_decide_reply(&reply, group.len())
+    ) -> Result<RequestReply, StoreError> {
+        let shape: Shape = group
+            .iter()
+            .map(|index| BucketArguments::of(&requests[*index]))
+            .collect();
+        let mut call = DecideCall::new();
+        call.push(group.iter().map(|index| keys[*index].as_str()), &shape);
+        let reply: String = self.send(&self.decide, &call.command(&self.decide)).await?;
+        let mut replies = call.parse_reply(&reply)?;
+        replies
+            .pop()
+            .ok_or_else(|| StoreError::Redis("empty script reply".to_owned()))
     }
 
     /// Gives back the cost of each `(bucket, charge in force)`.
@@ -430,9 +463,18 @@ impl RedisStore {
         for position in 0..group.len() {
             args(&mut command, position);
         }
+        self.send(script, &command).await
+    }
+
+    /// Sends a script's call to the node, or to the Cluster (which routes it by its keys).
+    async fn send<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        command: &redis::Cmd,
+    ) -> Result<T, StoreError> {
         let result = match &self.connection {
-            Connection::Single(manager) => evaluate(script, &command, &mut manager.clone()).await,
-            Connection::Cluster(_) => evaluate(script, &command, &mut self.cluster().await?).await,
+            Connection::Single(manager) => evaluate(script, command, &mut manager.clone()).await,
+            Connection::Cluster(_) => evaluate(script, command, &mut self.cluster().await?).await,
         };
         result.map_err(|error| StoreError::Redis(error.to_string()))
     }
@@ -479,32 +521,6 @@ impl RedisStore {
             .await
             .unwrap_or(false)
     }
-}
-
-/// Parses `decide.lua`'s reply: "admitted tokens sufficient multiplier ..." per bucket.
-fn parse_decide_reply(reply: &str, buckets: usize) -> Result<GroupReply, StoreError> {
-    let malformed = || StoreError::Redis(format!("unexpected script reply {reply:?}"));
-    let mut fields = reply.split(' ');
-    let admitted = fields.next().ok_or_else(malformed)? == "1";
-    let mut number = || -> Result<f64, StoreError> {
-        fields
-            .next()
-            .and_then(|field| field.parse().ok())
-            .ok_or_else(malformed)
-    };
-    let mut parsed = Vec::with_capacity(buckets);
-    for _ in 0..buckets {
-        let tokens = number()?;
-        let sufficient = number()? == 1.0;
-        parsed.push((tokens, sufficient, number()?));
-    }
-    if fields.next().is_some() {
-        return Err(malformed());
-    }
-    Ok(GroupReply {
-        admitted,
-        buckets: parsed,
-    })
 }
 
 /// Indexes of `keys` grouped by Redis Cluster slot, in first-seen order.
@@ -627,16 +643,5 @@ mod tests {
     fn groups_keep_order_within_a_slot() {
         let keys = vec!["{a}1".to_owned(), "{b}1".to_owned(), "{a}2".to_owned()];
         assert_eq!(group_by_slot(&keys), vec![vec![0, 2], vec![1]]);
-    }
-
-    #[test]
-    fn replies_are_parsed_strictly() {
-        let reply = "1 4.5 1 1 0 0 0.5";
-        let parsed = parse_decide_reply(reply, 2).unwrap();
-        assert!(parsed.admitted);
-        assert_eq!(parsed.buckets, vec![(4.5, true, 1.0), (0.0, false, 0.5)]);
-        assert!(parse_decide_reply(reply, 3).is_err());
-        assert!(parse_decide_reply(reply, 1).is_err(), "leftover fields");
-        assert!(parse_decide_reply("1 x 1 1", 1).is_err());
     }
 }

@@ -1,0 +1,391 @@
+//! Decisions on one Redis node, sent in batches: every decision that arrives while the
+//! connection's calls are out waits for the next call, and one `decide.lua` call decides them
+//! all, one after another. Under load, a batch costs Redis the script's fixed work (the call,
+//! `TIME`) once, and writes a bucket that many requests share (a global limit, one busy client)
+//! once, where one call per request would pay both for every request. Without load, a
+//! decision finds no call out and goes at once, as before.
+//!
+//! Each request is still decided in one indivisible step against all of its buckets, at the
+//! Redis server's time, exactly as a call of its own at that moment would decide it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use redis::aio::ConnectionManager;
+use redis::Script;
+use smallvec::SmallVec;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{evaluate, Number};
+use crate::limit::{BucketRequest, StoreError};
+
+/// Requests per call at most: a script holds Redis while it runs.
+const BATCH_LIMIT: usize = 64;
+
+/// Calls out at once on the node's connection. A second call goes out only for a batch half
+/// full: until then every decision that arrives during a call waits to join the next, which
+/// keeps Redis's work per decision lowest, while a distant Redis, or a busy replica, does not
+/// cap the rate at one batch per round trip.
+const CALLS_IN_FLIGHT: usize = 2;
+const SECOND_CALL_BATCH: usize = BATCH_LIMIT / 2;
+
+/// What `decide.lua` needs to know of one bucket besides its key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct BucketArguments {
+    capacity: f64,
+    rate: f64,
+    cost: f64,
+    enforce: bool,
+    /// 0: not adaptive.
+    factor: f64,
+    min_capacity: f64,
+}
+
+impl BucketArguments {
+    pub(super) fn of(request: &BucketRequest) -> BucketArguments {
+        let (factor, min_capacity) = request
+            .adaptive
+            .map_or((0.0, 0.0), |params| (params.factor, params.min_capacity));
+        BucketArguments {
+            capacity: request.charge.capacity,
+            rate: request.charge.rate,
+            cost: request.charge.cost,
+            enforce: request.charge.enforce,
+            factor,
+            min_capacity,
+        }
+    }
+}
+
+/// The buckets of one request, inline for the usual handful.
+pub(super) type Shape = SmallVec<[BucketArguments; 4]>;
+
+/// The reply of `decide.lua` for one request.
+#[derive(Debug, PartialEq)]
+pub(super) struct RequestReply {
+    pub admitted: bool,
+    /// (tokens after, sufficient, adaptive multiplier) per bucket of the request.
+    pub buckets: Vec<(f64, bool, f64)>,
+}
+
+/// One `decide.lua` call being put together: each key is sent once, and so is each shape (the
+/// numbers of a request's buckets, the same for every request of a route); a request is its
+/// shape's index and its keys' indexes.
+pub(super) struct DecideCall<'a> {
+    keys: Vec<&'a str>,
+    key_indexes: HashMap<&'a str, usize>,
+    shapes: Vec<&'a [BucketArguments]>,
+    /// Per request: its shape's index, then its keys' indexes (all 1-based, as Lua counts).
+    requests: Vec<usize>,
+    /// Buckets per request, to read the reply.
+    bucket_counts: Vec<usize>,
+}
+
+impl<'a> DecideCall<'a> {
+    pub(super) fn new() -> DecideCall<'a> {
+        DecideCall {
+            keys: Vec::new(),
+            key_indexes: HashMap::new(),
+            shapes: Vec::new(),
+            requests: Vec::new(),
+            bucket_counts: Vec::new(),
+        }
+    }
+
+    /// Adds a request: its buckets' keys and numbers, in the same order.
+    pub(super) fn push(
+        &mut self,
+        keys: impl IntoIterator<Item = &'a str>,
+        shape: &'a [BucketArguments],
+    ) {
+        let shape_index = match self.shapes.iter().position(|known| *known == shape) {
+            Some(index) => index,
+            None => {
+                self.shapes.push(shape);
+                self.shapes.len() - 1
+            }
+        };
+        self.requests.push(shape_index + 1);
+        for key in keys {
+            let next = self.keys.len();
+            let index = *self.key_indexes.entry(key).or_insert(next);
+            if index == next {
+                self.keys.push(key);
+            }
+            self.requests.push(index + 1);
+        }
+        self.bucket_counts.push(shape.len());
+    }
+
+    pub(super) fn command(&self, script: &Script) -> redis::Cmd {
+        let key_bytes = self.keys.iter().map(|key| key.len()).sum::<usize>();
+        let shape_arguments = self
+            .shapes
+            .iter()
+            .map(|shape| 1 + 6 * shape.len())
+            .sum::<usize>();
+        let arguments = 4 + self.keys.len() + shape_arguments + self.requests.len();
+        // Sized up front: grown argument by argument, the buffers would be reallocated
+        // several times per call.
+        let mut command = redis::Cmd::with_capacity(arguments, 64 + key_bytes + 24 * arguments);
+        command
+            .arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(self.keys.len());
+        for key in &self.keys {
+            command.arg(*key);
+        }
+        command.arg(self.shapes.len());
+        for shape in &self.shapes {
+            command.arg(shape.len());
+            for bucket in shape.iter() {
+                command
+                    .arg(Number(bucket.capacity))
+                    .arg(Number(bucket.rate))
+                    .arg(Number(bucket.cost))
+                    .arg(u8::from(bucket.enforce))
+                    .arg(Number(bucket.factor))
+                    .arg(Number(bucket.min_capacity));
+            }
+        }
+        let mut index = itoa::Buffer::new();
+        for value in &self.requests {
+            command.arg(index.format(*value));
+        }
+        command
+    }
+
+    /// Reads the reply: "admitted tokens sufficient multiplier ..." per request, one request
+    /// after another.
+    pub(super) fn parse_reply(&self, reply: &str) -> Result<Vec<RequestReply>, StoreError> {
+        let malformed = || StoreError::Redis(format!("unexpected script reply {reply:?}"));
+        let mut fields = reply.split(' ');
+        let mut parsed = Vec::with_capacity(self.bucket_counts.len());
+        for count in &self.bucket_counts {
+            let admitted = fields.next().ok_or_else(malformed)? == "1";
+            let mut number = || -> Result<f64, StoreError> {
+                fields
+                    .next()
+                    .and_then(|field| field.parse().ok())
+                    .ok_or_else(malformed)
+            };
+            let mut buckets = Vec::with_capacity(*count);
+            for _ in 0..*count {
+                let tokens = number()?;
+                let sufficient = number()? == 1.0;
+                buckets.push((tokens, sufficient, number()?));
+            }
+            parsed.push(RequestReply { admitted, buckets });
+        }
+        if fields.next().is_some() {
+            return Err(malformed());
+        }
+        Ok(parsed)
+    }
+}
+
+/// A decision waiting for its batch. Its keys travel with it and come back with the reply.
+struct Queued {
+    keys: Vec<String>,
+    shape: Shape,
+    reply: oneshot::Sender<(Vec<String>, Result<RequestReply, StoreError>)>,
+}
+
+/// The queue of decisions for one node, and the task that sends them (started on first use,
+/// since the store is built before the runtime serves; it ends when the store is dropped).
+#[derive(Default)]
+pub(super) struct Batcher {
+    queue: OnceLock<mpsc::UnboundedSender<Queued>>,
+    calls: Arc<AtomicU64>,
+}
+
+impl Batcher {
+    /// Decides one request in the next batch; gives its keys back with the reply.
+    pub(super) async fn decide(
+        &self,
+        connection: &ConnectionManager,
+        script: &Script,
+        keys: Vec<String>,
+        shape: Shape,
+    ) -> (Vec<String>, Result<RequestReply, StoreError>) {
+        let queue = self.queue.get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::spawn(send_batches(
+                connection.clone(),
+                script.clone(),
+                receiver,
+                self.calls.clone(),
+            ));
+            sender
+        });
+        let (reply, replied) = oneshot::channel();
+        if let Err(refused) = queue.send(Queued { keys, shape, reply }) {
+            return (refused.0.keys, Err(gone()));
+        }
+        replied.await.unwrap_or_else(|_| (Vec::new(), Err(gone())))
+    }
+
+    /// `decide.lua` calls made so far.
+    pub(super) fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+}
+
+fn gone() -> StoreError {
+    StoreError::Redis("the batch sender has stopped".to_owned())
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("calls", &self.calls())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Gathers queued decisions and sends them as one call whenever no call is out (or, for a
+/// batch half full, one is). Runs until the store, and with it the queue's sender, is dropped.
+async fn send_batches(
+    connection: ConnectionManager,
+    script: Script,
+    mut queue: mpsc::UnboundedReceiver<Queued>,
+    calls: Arc<AtomicU64>,
+) {
+    let mut in_flight = FuturesUnordered::new();
+    let mut pending: Vec<Queued> = Vec::new();
+    let mut open = true;
+    while open || !pending.is_empty() || !in_flight.is_empty() {
+        tokio::select! {
+            biased;
+            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+            received = queue.recv(), if open && pending.len() < BATCH_LIMIT => match received {
+                Some(queued) => pending.push(queued),
+                None => open = false,
+            },
+            // Only what is already pending is left to send.
+            () = std::future::ready(()), if !open && in_flight.is_empty() => {}
+        }
+        while open && pending.len() < BATCH_LIMIT {
+            match queue.try_recv() {
+                Ok(queued) => pending.push(queued),
+                Err(_) => break,
+            }
+        }
+        // A request whose client is gone (and whose wait was dropped) is not charged.
+        pending.retain(|queued| !queued.reply.is_closed());
+        let may_send = in_flight.is_empty()
+            || (in_flight.len() < CALLS_IN_FLIGHT && pending.len() >= SECOND_CALL_BATCH);
+        if may_send && !pending.is_empty() {
+            calls.fetch_add(1, Ordering::Relaxed);
+            let batch = std::mem::take(&mut pending);
+            in_flight.push(call(connection.clone(), &script, batch));
+        }
+    }
+}
+
+/// One call for a batch; every request of it gets its own reply (or the call's error).
+async fn call(mut connection: ConnectionManager, script: &Script, batch: Vec<Queued>) {
+    let mut decide = DecideCall::new();
+    for queued in &batch {
+        decide.push(queued.keys.iter().map(String::as_str), &queued.shape);
+    }
+    let command = decide.command(script);
+    let replies = evaluate::<String>(script, &command, &mut connection)
+        .await
+        .map_err(|error| StoreError::Redis(error.to_string()))
+        .and_then(|reply| decide.parse_reply(&reply));
+    drop(decide);
+    match replies {
+        Ok(replies) => {
+            for (queued, reply) in batch.into_iter().zip(replies) {
+                let _ = queued.reply.send((queued.keys, Ok(reply)));
+            }
+        }
+        Err(error) => {
+            let message = error.to_string();
+            for queued in batch {
+                let _ = queued
+                    .reply
+                    .send((queued.keys, Err(StoreError::Redis(message.clone()))));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(capacity: f64, cost: f64) -> BucketArguments {
+        BucketArguments {
+            capacity,
+            rate: 1.0,
+            cost,
+            enforce: true,
+            factor: 0.0,
+            min_capacity: 0.0,
+        }
+    }
+
+    fn arguments(command: &redis::Cmd) -> Vec<String> {
+        command
+            .args_iter()
+            .map(|argument| match argument {
+                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                _ => panic!("only simple arguments are sent"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn keys_and_shapes_are_sent_once_each() {
+        let login = [bucket(5.0, 1.0), bucket(100.0, 2.5)];
+        let search = [bucket(5.0, 1.0)];
+        let mut call = DecideCall::new();
+        call.push(["per_ip:a", "global"], &login);
+        call.push(["per_ip:b", "global"], &login);
+        call.push(["per_ip:a"], &search);
+        let script = Script::new("return 1");
+        let sent = arguments(&call.command(&script));
+        let expected = [
+            format!("EVALSHA {} 3 per_ip:a global per_ip:b", script.get_hash()),
+            // Two shapes: login's two buckets, then search's one (capacity, rate, cost,
+            // enforce, factor, min_capacity).
+            "2 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0".to_owned(),
+            // Per request: its shape, then its keys.
+            "1 1 2 1 3 2 2 1".to_owned(),
+        ];
+        assert_eq!(sent.join(" "), expected.join(" "));
+    }
+
+    #[test]
+    fn replies_are_split_by_request_and_parsed_strictly() {
+        let two = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
+        let one = [bucket(5.0, 1.0)];
+        let mut call = DecideCall::new();
+        call.push(["a", "b"], &two);
+        call.push(["a"], &one);
+        let parsed = call.parse_reply("1 4.5 1 1 0 0 0.5 0 3 0 1").unwrap();
+        assert_eq!(
+            parsed,
+            vec![
+                RequestReply {
+                    admitted: true,
+                    buckets: vec![(4.5, true, 1.0), (0.0, false, 0.5)],
+                },
+                RequestReply {
+                    admitted: false,
+                    buckets: vec![(3.0, false, 1.0)],
+                },
+            ]
+        );
+        assert!(call.parse_reply("1 4.5 1 1 0 0 0.5").is_err(), "too short");
+        assert!(
+            call.parse_reply("1 4.5 1 1 0 0 0.5 0 3 0 1 7").is_err(),
+            "leftover fields"
+        );
+        assert!(call.parse_reply("1 x 1 1 0 0 0.5 0 3 0 1").is_err());
+    }
+}

@@ -1,0 +1,252 @@
+//! Decisions on one Redis node share script calls when they arrive together: a batch must
+//! decide every request exactly as a call of its own would have, one after another. Driven on
+//! a current-thread runtime, where every decision started before the test yields is queued
+//! before the store's sender runs: which requests share a call does not depend on timing.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use futures_util::FutureExt;
+use ipnet::IpNet;
+use tollgate::config::RedisSettings;
+use tollgate::limit::{
+    AdaptiveParams, BucketKey, BucketRequest, Charge, Clock, Decision, KeyPart, RedisStore,
+};
+
+use common::redis_server::RedisServer;
+
+fn store(redis: &RedisServer, prefix: &str) -> RedisStore {
+    let settings = RedisSettings {
+        nodes: vec![redis.url()],
+        cluster: false,
+        timeout: Duration::from_secs(5),
+        prefix: prefix.to_owned(),
+        ca_file: None,
+    };
+    RedisStore::new(&settings, Clock::monotonic()).expect("store")
+}
+
+const NETWORKS: [&str; 3] = ["203.0.113.0/24", "198.51.100.0/24", "192.0.2.0/24"];
+
+/// Refill slow enough that the test's own duration adds nothing measurable.
+const RATE: f64 = 1e-9;
+
+fn bucket(limit: &str, network: Option<&str>, capacity: f64, cost: f64) -> BucketRequest {
+    BucketRequest {
+        key: BucketKey {
+            limit: Arc::from(limit),
+            fingerprint: 1,
+            parts: network
+                .map(|network| KeyPart::Network(network.parse::<IpNet>().unwrap()))
+                .into_iter()
+                .collect(),
+        },
+        charge: Charge {
+            capacity,
+            rate: RATE,
+            cost,
+            enforce: true,
+        },
+        adaptive: None,
+    }
+}
+
+/// Three routes' worth of buckets: a shared global limit, per-network limits, one in shadow
+/// mode and one adaptive (whose first network is under a penalty that halves it).
+fn request(route: u64, network: &str) -> Vec<BucketRequest> {
+    let mut shadow = bucket("shadow", Some(network), 3.0, 1.0);
+    shadow.charge.enforce = false;
+    let mut adaptive = bucket("adaptive", Some(network), 6.0, 1.0);
+    adaptive.adaptive = Some(AdaptiveParams {
+        threshold: 3,
+        window: 10.0,
+        factor: 0.5,
+        min_capacity: 2.0,
+        hold: 60.0,
+    });
+    match route {
+        0 => vec![
+            bucket("global", None, 12.0, 1.0),
+            bucket("net", Some(network), 5.0, 1.0),
+        ],
+        1 => vec![bucket("net", Some(network), 5.0, 2.0), shadow, adaptive],
+        _ => {
+            adaptive.charge.cost = 2.0;
+            vec![bucket("global", None, 12.0, 2.0), adaptive]
+        }
+    }
+}
+
+/// A fixed, varied sequence of requests (a linear congruential generator, seeded).
+fn sequence(count: usize) -> Vec<Vec<BucketRequest>> {
+    let mut state: u64 = 0x2545_F491_4F6C_DD1D;
+    (0..count)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let draw = state >> 33;
+            request(draw % 3, NETWORKS[(draw / 3 % 3) as usize])
+        })
+        .collect()
+}
+
+/// Puts the first network's adaptive key under a penalty of one level for an hour.
+fn penalise(redis: &RedisServer, prefix: &str) {
+    let time = redis.cli(&["TIME"]);
+    let mut lines = time.lines();
+    let seconds: u64 = lines.next().unwrap().trim().parse().unwrap();
+    let hold = (seconds + 3600) * 1_000_000;
+    let key = format!("{prefix}adaptive:v4:{}", NETWORKS[0]);
+    redis.cli(&[
+        "HSET",
+        &key,
+        "level",
+        "1",
+        "hold",
+        &hold.to_string(),
+        "keep",
+        &hold.to_string(),
+    ]);
+}
+
+fn stored_tokens(redis: &RedisServer, key: &str) -> Option<f64> {
+    let reply = redis.cli(&["HGET", key, "tokens"]);
+    let reply = reply.trim();
+    (!reply.is_empty()).then(|| reply.parse().expect("tokens"))
+}
+
+fn assert_same_decisions(alone: &[Decision], batched: &[Decision]) {
+    assert_eq!(alone.len(), batched.len());
+    for (index, (alone, batched)) in alone.iter().zip(batched).enumerate() {
+        assert_eq!(alone.admitted, batched.admitted, "request {index}");
+        for (alone, batched) in alone.verdicts.iter().zip(&batched.verdicts) {
+            assert_eq!(alone.sufficient, batched.sufficient, "request {index}");
+            assert_eq!(alone.capacity, batched.capacity, "request {index}");
+            assert!(batched.observed, "request {index}");
+            assert!(
+                (alone.tokens - batched.tokens).abs() < 1e-6,
+                "request {index}: {} alone, {} batched",
+                alone.tokens,
+                batched.tokens
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_batch_decides_each_request_as_its_own_call_in_turn_would() {
+    let redis = RedisServer::start();
+    let requests = sequence(48);
+    penalise(&redis, "alone:");
+    penalise(&redis, "batched:");
+
+    // One at a time, each from a fresh store: no deny cache between them, one call each.
+    let mut alone = Vec::new();
+    for request in &requests {
+        alone.push(
+            store(&redis, "alone:")
+                .decide(request)
+                .await
+                .expect("decision"),
+        );
+    }
+
+    let batched_store = store(&redis, "batched:");
+    let batched: Vec<Decision> =
+        join_all(requests.iter().map(|request| batched_store.decide(request)))
+            .await
+            .into_iter()
+            .map(|decision| decision.expect("decision"))
+            .collect();
+    assert_eq!(
+        batched_store.batch_calls(),
+        1,
+        "48 requests queued together, one call"
+    );
+
+    assert_same_decisions(&alone, &batched);
+    let admitted = alone.iter().filter(|decision| decision.admitted).count();
+    assert!(
+        admitted > 5 && admitted < 40,
+        "the sequence both admits and refuses ({admitted} admitted)"
+    );
+    let penalised = batched
+        .iter()
+        .flat_map(|decision| &decision.verdicts)
+        .any(|verdict| verdict.capacity == 3.0);
+    assert!(penalised, "the penalty applies inside a batch");
+
+    let mut keys = vec!["global:global".to_owned()];
+    for network in NETWORKS {
+        for limit in ["net", "shadow", "adaptive"] {
+            keys.push(format!("{limit}:v4:{network}"));
+        }
+    }
+    for key in keys {
+        let alone_tokens = stored_tokens(&redis, &format!("alone:{key}"));
+        let batched_tokens = stored_tokens(&redis, &format!("batched:{key}"));
+        match (alone_tokens, batched_tokens) {
+            (Some(alone), Some(batched)) => {
+                assert!(
+                    (alone - batched).abs() < 1e-6,
+                    "{key}: {alone} against {batched}"
+                );
+                let ttl: i64 = redis
+                    .cli(&["PTTL", &format!("batched:{key}")])
+                    .trim()
+                    .parse()
+                    .unwrap();
+                assert!(ttl > 0, "{key} expires");
+            }
+            (None, None) => {}
+            other => panic!("{key} stored differently: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_request_given_up_before_its_batch_is_sent_is_not_charged() {
+    let redis = RedisServer::start();
+    let store = store(&redis, "gone:");
+    let only = || vec![bucket("net", Some(NETWORKS[0]), 5.0, 1.0)];
+    let warm_up = only();
+    assert!(store.decide(&warm_up).await.unwrap().admitted);
+    let calls = store.batch_calls();
+
+    let first_request = only();
+    let mut first = Box::pin(store.decide(&first_request));
+    assert!((&mut first).now_or_never().is_none(), "queued");
+    let given_up = only();
+    assert!(
+        store.decide(&given_up).now_or_never().is_none(),
+        "queued, then dropped"
+    );
+    let third_request = only();
+    let third = store.decide(&third_request).await.unwrap();
+    let first = first.await.unwrap();
+
+    assert!(first.admitted && third.admitted);
+    assert_eq!(store.batch_calls() - calls, 1, "one call for the three");
+    let key = format!("gone:net:v4:{}", NETWORKS[0]);
+    let tokens = stored_tokens(&redis, &key).unwrap();
+    assert!(
+        (tokens - 2.0).abs() < 1e-6,
+        "5 - 3 charges, not 4: {tokens}"
+    );
+}
+
+#[tokio::test]
+async fn every_request_of_a_batch_learns_that_redis_is_down() {
+    let mut redis = RedisServer::start();
+    let store = store(&redis, "down:");
+    let warm_up = request(0, NETWORKS[0]);
+    assert!(store.decide(&warm_up).await.unwrap().admitted);
+    redis.stop();
+    let requests = sequence(5);
+    let results = join_all(requests.iter().map(|request| store.decide(request))).await;
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+}

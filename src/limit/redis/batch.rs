@@ -75,7 +75,7 @@ pub(super) struct RequestReply {
 /// shape's index and its keys' indexes.
 pub(super) struct DecideCall<'a> {
     keys: Vec<&'a str>,
-    key_indexes: HashMap<&'a str, usize>,
+    key_indexes: HashMap<&'a str, usize, foldhash::fast::RandomState>,
     shapes: Vec<&'a [BucketArguments]>,
     /// Per request: its shape's index, then its keys' indexes (all 1-based, as Lua counts).
     requests: Vec<usize>,
@@ -87,7 +87,7 @@ impl<'a> DecideCall<'a> {
     pub(super) fn new() -> DecideCall<'a> {
         DecideCall {
             keys: Vec::new(),
-            key_indexes: HashMap::new(),
+            key_indexes: HashMap::default(),
             shapes: Vec::new(),
             requests: Vec::new(),
             bucket_counts: Vec::new(),
@@ -164,18 +164,17 @@ impl<'a> DecideCall<'a> {
         let mut fields = reply.split(' ');
         let mut parsed = Vec::with_capacity(self.bucket_counts.len());
         for count in &self.bucket_counts {
-            let admitted = fields.next().ok_or_else(malformed)? == "1";
-            let mut number = || -> Result<f64, StoreError> {
-                fields
-                    .next()
-                    .and_then(|field| field.parse().ok())
-                    .ok_or_else(malformed)
-            };
+            let admitted = flag(fields.next()).ok_or_else(malformed)?;
             let mut buckets = Vec::with_capacity(*count);
             for _ in 0..*count {
-                let tokens = number()?;
-                let sufficient = number()? == 1.0;
-                buckets.push((tokens, sufficient, number()?));
+                let tokens = number(fields.next()).ok_or_else(malformed)?;
+                let sufficient = flag(fields.next()).ok_or_else(malformed)?;
+                // The multiplier is 1 unless the key is under a penalty.
+                let multiplier = match fields.next() {
+                    Some("1") => 1.0,
+                    other => number(other).ok_or_else(malformed)?,
+                };
+                buckets.push((tokens, sufficient, multiplier));
             }
             parsed.push(RequestReply { admitted, buckets });
         }
@@ -183,6 +182,18 @@ impl<'a> DecideCall<'a> {
             return Err(malformed());
         }
         Ok(parsed)
+    }
+}
+
+fn number(field: Option<&str>) -> Option<f64> {
+    field.and_then(|field| field.parse().ok())
+}
+
+fn flag(field: Option<&str>) -> Option<bool> {
+    match field {
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        _ => None,
     }
 }
 
@@ -387,5 +398,9 @@ mod tests {
             "leftover fields"
         );
         assert!(call.parse_reply("1 x 1 1 0 0 0.5 0 3 0 1").is_err());
+        assert!(
+            call.parse_reply("1 4.5 2 1 0 0 0.5 0 3 0 1").is_err(),
+            "a flag is 0 or 1"
+        );
     }
 }

@@ -250,3 +250,35 @@ async fn every_request_of_a_batch_learns_that_redis_is_down() {
     let results = join_all(requests.iter().map(|request| store.decide(request))).await;
     assert!(results.iter().all(Result::is_err), "{results:?}");
 }
+
+#[tokio::test]
+async fn tokens_arrive_exactly_as_the_script_computed_them() {
+    let redis = RedisServer::start();
+    let store = store(&redis, "exact:");
+    let tenth = || {
+        let mut request = bucket("fractions", None, 10.0, 0.1);
+        // No refill that could show, however long the test takes.
+        request.charge.rate = 1e-300;
+        vec![request]
+    };
+    let requests: Vec<_> = (0..30).map(|_| tenth()).collect();
+    let mut decisions: Vec<Decision> =
+        join_all(requests.iter().map(|request| store.decide(request)))
+            .await
+            .into_iter()
+            .map(|decision| decision.expect("decision"))
+            .collect();
+    for _ in 0..5 {
+        decisions.push(store.decide(&tenth()).await.expect("decision"));
+    }
+    let mut expected = 10.0_f64;
+    for decision in &decisions {
+        expected -= 0.1;
+        assert!(decision.admitted);
+        assert_eq!(
+            decision.verdicts[0].tokens.to_bits(),
+            expected.to_bits(),
+            "{expected}"
+        );
+    }
+}

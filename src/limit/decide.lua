@@ -18,9 +18,10 @@
 -- many requests charged it, and expires once it would be full again and its adaptive state no
 -- longer matters.
 --
--- Reply: one string, per request "admitted tokens_1 sufficient_1 multiplier_1 ...", the
--- requests one after another (numbers as text: Redis would truncate Lua numbers to integers;
--- one string is one bulk reply to parse).
+-- Reply: one binary string, per request: a byte, admitted (1/0), then per bucket: the tokens
+-- after (a little-endian double) and a byte: 1 sufficient, 0 not, plus 2 if the key is under
+-- an adaptive penalty, in which case the multiplier follows (a double); the requests one after
+-- another.
 --
 -- This runs inside Redis for every batch, so it is written for Redis's CPU: library functions
 -- held in locals, comparisons instead of math.min/max calls, flat tables, and strings from
@@ -28,6 +29,9 @@
 -- showed in instruction counts of redis-server.
 
 local call, tonumber, format, ceil = redis.call, tonumber, string.format, math.ceil
+-- Numbers go back as the bytes of IEEE doubles (struct.pack '<d'): exact, and cheap, where
+-- spelling them with string.format('%.17g') cost a fifth of a batched decision.
+local pack = struct.pack
 local clock = call('TIME')
 local now = clock[1] * 1000000 + clock[2]
 
@@ -52,7 +56,7 @@ end
 
 -- Per key of KEYS (by index) once read: { tokens now (false: none stored), level, hold,
 -- keep, penalty read (whether level, hold and keep were read), and once charged: the expiry
--- in ms and the tokens to store, spelled }.
+-- in ms and the tokens to store }.
 local seen = {}
 -- Per bucket of the current request, from (i - 1) * 6: its entry in `seen`, tokens now,
 -- capacity, rate, multiplier, cost.
@@ -117,28 +121,27 @@ while argument <= arguments do
   end
 
   replied = replied + 1
-  reply[replied] = admitted and '1' or '0'
+  reply[replied] = admitted and '\1' or '\0'
   for i = 1, count do
     local base = (i - 1) * 6
     local entry, tokens = state[base + 1], state[base + 2]
     local charged = admitted and sufficient[i]
     if charged then
       tokens = tokens - state[base + 6]
-    end
-    local spelled = format('%.17g', tokens)
-    if charged then
       local expire_ms = ceil((state[base + 3] - tokens) / state[base + 4] * 1000)
       local keep_ms = ceil((entry[4] - now) / 1000)
       if keep_ms > expire_ms then expire_ms = keep_ms end
-      entry[6], entry[7] = expire_ms, spelled
+      entry[6], entry[7] = expire_ms, tokens
     end
     -- What the next request of the batch finds in this bucket: no time passes in between.
     entry[1] = tokens
     local multiplier = state[base + 5]
-    reply[replied + 1] = spelled
-    reply[replied + 2] = sufficient[i] and '1' or '0'
-    reply[replied + 3] = multiplier == 1 and '1' or format('%.17g', multiplier)
-    replied = replied + 3
+    replied = replied + 1
+    if multiplier == 1 then
+      reply[replied] = pack('<dB', tokens, sufficient[i] and 1 or 0)
+    else
+      reply[replied] = pack('<dBd', tokens, sufficient[i] and 3 or 2, multiplier)
+    end
   end
   argument = argument + 1 + count
 end
@@ -149,8 +152,8 @@ for index = 1, #KEYS do
   if entry and entry[6] then
     local expire_ms = entry[6]
     if expire_ms > 315360000000 then expire_ms = 315360000000 end
-    call('HSET', KEYS[index], 'tokens', entry[7], 'ts', now_text)
+    call('HSET', KEYS[index], 'tokens', format('%.17g', entry[7]), 'ts', now_text)
     call('PEXPIRE', KEYS[index], format('%d', expire_ms + 1000))
   end
 end
-return table.concat(reply, ' ')
+return table.concat(reply)

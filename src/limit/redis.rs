@@ -332,7 +332,7 @@ impl RedisStore {
             .collect();
         let mut call = DecideCall::new();
         call.push(group.iter().map(|index| keys[*index].as_str()), &shape);
-        let reply: String = self.send(&self.decide, &call.command(&self.decide)).await?;
+        let reply: Vec<u8> = self.send(&self.decide, &call.command(&self.decide)).await?;
         let mut replies = call.parse_reply(&reply)?;
         replies
             .pop()

@@ -157,43 +157,51 @@ impl<'a> DecideCall<'a> {
         command
     }
 
-    /// Reads the reply: "admitted tokens sufficient multiplier ..." per request, one request
-    /// after another.
-    pub(super) fn parse_reply(&self, reply: &str) -> Result<Vec<RequestReply>, StoreError> {
+    /// Reads the reply: per request, a byte for admitted, then per bucket the tokens after (a
+    /// little-endian double) and a byte: 1 sufficient, 0 not, plus 2 when the adaptive
+    /// multiplier (a double) follows.
+    pub(super) fn parse_reply(&self, reply: &[u8]) -> Result<Vec<RequestReply>, StoreError> {
         let malformed = || StoreError::Redis(format!("unexpected script reply {reply:?}"));
-        let mut fields = reply.split(' ');
+        let mut fields = ReplyReader(reply);
         let mut parsed = Vec::with_capacity(self.bucket_counts.len());
         for count in &self.bucket_counts {
-            let admitted = flag(fields.next()).ok_or_else(malformed)?;
+            let admitted = match fields.byte().ok_or_else(malformed)? {
+                flag @ 0..=1 => flag == 1,
+                _ => return Err(malformed()),
+            };
             let mut buckets = Vec::with_capacity(*count);
             for _ in 0..*count {
-                let tokens = number(fields.next()).ok_or_else(malformed)?;
-                let sufficient = flag(fields.next()).ok_or_else(malformed)?;
-                // The multiplier is 1 unless the key is under a penalty.
-                let multiplier = match fields.next() {
-                    Some("1") => 1.0,
-                    other => number(other).ok_or_else(malformed)?,
+                let tokens = fields.number().ok_or_else(malformed)?;
+                let (sufficient, multiplier) = match fields.byte().ok_or_else(malformed)? {
+                    flags @ 0..=1 => (flags == 1, 1.0),
+                    flags @ 2..=3 => (flags == 3, fields.number().ok_or_else(malformed)?),
+                    _ => return Err(malformed()),
                 };
                 buckets.push((tokens, sufficient, multiplier));
             }
             parsed.push(RequestReply { admitted, buckets });
         }
-        if fields.next().is_some() {
+        if !fields.0.is_empty() {
             return Err(malformed());
         }
         Ok(parsed)
     }
 }
 
-fn number(field: Option<&str>) -> Option<f64> {
-    field.and_then(|field| field.parse().ok())
-}
+/// The unread rest of a reply.
+struct ReplyReader<'a>(&'a [u8]);
 
-fn flag(field: Option<&str>) -> Option<bool> {
-    match field {
-        Some("1") => Some(true),
-        Some("0") => Some(false),
-        _ => None,
+impl ReplyReader<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let (first, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(*first)
+    }
+
+    fn number(&mut self) -> Option<f64> {
+        let (bytes, rest) = self.0.split_first_chunk::<8>()?;
+        self.0 = rest;
+        Some(f64::from_le_bytes(*bytes))
     }
 }
 
@@ -303,7 +311,7 @@ async fn call(mut connection: ConnectionManager, script: &Script, batch: Vec<Que
         decide.push(queued.keys.iter().map(String::as_str), &queued.shape);
     }
     let command = decide.command(script);
-    let replies = evaluate::<String>(script, &command, &mut connection)
+    let replies = evaluate::<Vec<u8>>(script, &command, &mut connection)
         .await
         .map_err(|error| StoreError::Redis(error.to_string()))
         .and_then(|reply| decide.parse_reply(&reply));
@@ -373,14 +381,26 @@ mod tests {
 
     #[test]
     fn replies_are_split_by_request_and_parsed_strictly() {
-        let two = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
-        let one = [bucket(5.0, 1.0)];
+        let two_buckets = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
+        let one_bucket = [bucket(5.0, 1.0)];
         let mut call = DecideCall::new();
-        call.push(["a", "b"], &two);
-        call.push(["a"], &one);
-        let parsed = call.parse_reply("1 4.5 1 1 0 0 0.5 0 3 0 1").unwrap();
+        call.push(["a", "b"], &two_buckets);
+        call.push(["a"], &one_bucket);
+        let double = |value: f64| value.to_le_bytes().to_vec();
+        let reply: Vec<u8> = [
+            vec![1],
+            double(4.5),
+            vec![1],
+            double(0.0),
+            vec![2],
+            double(0.5),
+            vec![0],
+            double(3.0),
+            vec![0],
+        ]
+        .concat();
         assert_eq!(
-            parsed,
+            call.parse_reply(&reply).unwrap(),
             vec![
                 RequestReply {
                     admitted: true,
@@ -392,15 +412,27 @@ mod tests {
                 },
             ]
         );
-        assert!(call.parse_reply("1 4.5 1 1 0 0 0.5").is_err(), "too short");
         assert!(
-            call.parse_reply("1 4.5 1 1 0 0 0.5 0 3 0 1 7").is_err(),
-            "leftover fields"
+            call.parse_reply(&reply[..reply.len() - 1]).is_err(),
+            "too short"
         );
-        assert!(call.parse_reply("1 x 1 1 0 0 0.5 0 3 0 1").is_err());
         assert!(
-            call.parse_reply("1 4.5 2 1 0 0 0.5 0 3 0 1").is_err(),
-            "a flag is 0 or 1"
+            call.parse_reply(&[&reply[..], &[7]].concat()).is_err(),
+            "leftover bytes"
+        );
+        let mut bad_flag = reply.clone();
+        bad_flag[9] = 4;
+        assert!(call.parse_reply(&bad_flag).is_err(), "flags are 0 to 3");
+        bad_flag[9] = 2;
+        assert!(
+            call.parse_reply(&bad_flag).is_err(),
+            "a flag of 2 takes the next 8 bytes for a multiplier: the rest no longer fits"
+        );
+        let mut bad_admitted = reply.clone();
+        bad_admitted[0] = 2;
+        assert!(
+            call.parse_reply(&bad_admitted).is_err(),
+            "admitted is 0 or 1"
         );
     }
 }

@@ -33,7 +33,7 @@ use super::clock::Clock;
 use super::deny_cache::DenyCache;
 use super::{
     AdaptiveParams, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError,
-    Verdict, Verdicts,
+    Timestamp, Verdict, Verdicts,
 };
 use crate::config::RedisSettings;
 
@@ -169,14 +169,16 @@ impl RedisStore {
             .iter()
             .map(|request| self.key(&request.key))
             .collect();
-        if let Some(refusal) = self.refuse_from_cache(requests, &keys) {
+        // One reading serves the deny cache's check and, as the time the call was sent (a
+        // moment early, which only makes the cache more cautious), what it remembers.
+        let sent = self.clock.now();
+        if let Some(refusal) = self.refuse_from_cache(requests, &keys, sent) {
             self.deny_cache_refusals.fetch_add(1, Ordering::Relaxed);
             return Ok(refusal);
         }
         if self.breaker.permit() == Permit::Refused {
             return Err(StoreError::Unavailable);
         }
-        let sent = self.clock.now();
         let result = tokio::time::timeout(self.timeout, self.decide_in_redis(requests, keys)).await;
         let (keys, decision) = match result {
             Ok(Ok(decision)) => decision,
@@ -205,8 +207,12 @@ impl RedisStore {
     }
 
     /// A refusal decided locally, if the deny cache knows an enforcing bucket to be too empty.
-    fn refuse_from_cache(&self, requests: &[BucketRequest], keys: &[String]) -> Option<Decision> {
-        let now = self.clock.now();
+    fn refuse_from_cache(
+        &self,
+        requests: &[BucketRequest],
+        keys: &[String],
+        now: Timestamp,
+    ) -> Option<Decision> {
         let mut refused = false;
         let verdicts: Verdicts = requests
             .iter()

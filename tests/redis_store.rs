@@ -459,6 +459,32 @@ async fn redis_down_follows_each_routes_failure_policy_and_recovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_stops_answering_fails_every_waiting_request_within_the_timeout() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&FAULTS.replace("REDIS", &redis.url()), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    assert_eq!(client.get("/deny", &[]).await.status, 200);
+
+    // Connected, but silent: Redis holds every command for 20 s. Requests sent together queue
+    // behind the first call; each must still fail within the store's timeout (200 ms).
+    redis.cli(&["CLIENT", "PAUSE", "20000", "ALL"]);
+    let started = Instant::now();
+    let paths = ["/deny", "/allow"].repeat(6);
+    let replies =
+        futures_util::future::join_all(paths.iter().map(|path| client.get(path, &[]))).await;
+    let elapsed = started.elapsed();
+    for (path, reply) in paths.iter().zip(&replies) {
+        let expected = if *path == "/deny" { 503 } else { 200 };
+        assert_eq!(reply.status, expected, "{path}");
+    }
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "the waits end with the timeout, not with Redis: {elapsed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_starts_while_redis_is_down() {
     let mut redis = RedisServer::start();
     let url = redis.url();

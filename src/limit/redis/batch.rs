@@ -292,7 +292,8 @@ async fn send_batches(
                 Err(_) => break,
             }
         }
-        // A request whose client is gone (and whose wait was dropped) is not charged.
+        // A request that stopped waiting (its timeout passed, and its route's failure policy
+        // decided it) is not charged.
         pending.retain(|queued| !queued.reply.is_closed());
         let may_send = in_flight.is_empty()
             || (in_flight.len() < CALLS_IN_FLIGHT && pending.len() >= SECOND_CALL_BATCH);

@@ -108,6 +108,7 @@ impl<'a> DecideCall<'a> {
             }
         };
         self.requests.push(shape_index + 1);
+        let before = self.requests.len();
         for key in keys {
             let next = self.keys.len();
             let index = *self.key_indexes.entry(key).or_insert(next);
@@ -116,6 +117,11 @@ impl<'a> DecideCall<'a> {
             }
             self.requests.push(index + 1);
         }
+        debug_assert_eq!(
+            self.requests.len() - before,
+            shape.len(),
+            "a key per bucket"
+        );
         self.bucket_counts.push(shape.len());
     }
 

@@ -200,6 +200,9 @@ pub struct Tollgate {
     shared: Arc<Shared>,
     config_path: Option<PathBuf>,
     shutdown: watch::Sender<bool>,
+    /// The accept loops: shutdown waits for them, so that no connection is accepted after it
+    /// says so.
+    listeners: TaskTracker,
     grace_period: Duration,
 }
 
@@ -246,6 +249,7 @@ impl Tollgate {
         }
 
         let (shutdown, shutdown_signal) = watch::channel(false);
+        let listeners = TaskTracker::new();
         let mut addresses = Vec::with_capacity(policy.server.listen.len());
         let gateway = Gateway {
             shared: shared.clone(),
@@ -258,7 +262,7 @@ impl Tollgate {
             })?;
             addresses.push(bound);
             tracing::info!(address = %bound, "listening");
-            shared.tasks.spawn(server::serve(
+            listeners.spawn(server::serve(
                 listener,
                 gateway.clone(),
                 policy.server.clone(),
@@ -313,6 +317,7 @@ impl Tollgate {
             shared,
             config_path: options.config_path,
             shutdown,
+            listeners,
         })
     }
 
@@ -421,6 +426,9 @@ impl Tollgate {
     pub async fn shutdown(&self) -> bool {
         self.shared.shutting_down.store(true, Ordering::Relaxed);
         let _ = self.shutdown.send(true);
+        self.listeners.close();
+        self.listeners.wait().await;
+        tracing::info!("shutting down: no new connections; draining in-flight requests");
         self.shared.tasks.close();
         let drained = tokio::time::timeout(self.grace_period, self.shared.tasks.wait())
             .await

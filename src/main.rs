@@ -213,7 +213,6 @@ async fn serve_until_signal(gateway: &Tollgate) -> anyhow::Result<ExitCode> {
             _ = interrupt.recv() => break,
         }
     }
-    tracing::info!("shutting down: no new connections; draining in-flight requests");
     gateway.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }

@@ -217,7 +217,9 @@ impl Tollgate {
         let metrics = Metrics::new();
         let store = match &policy.store.redis {
             Some(settings) => Store::Redis(Box::new(
-                RedisStore::new(settings, Clock::monotonic()).map_err(StartError::Store)?,
+                RedisStore::new(settings, Clock::monotonic())
+                    .map_err(StartError::Store)?
+                    .observing_batches(metrics.store_batches("redis")),
             )),
             None => Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone())),
         };

@@ -106,6 +106,7 @@ pub struct Metrics {
     fill_ratio: HistogramVec,
     store_duration: HistogramVec,
     store_errors: IntCounterVec,
+    store_batch_requests: HistogramVec,
     degraded: IntCounterVec,
     upstream_duration: HistogramVec,
     upstream_responses: IntCounterVec,
@@ -121,6 +122,8 @@ const LATENCY_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
 ];
+/// Requests per store call, up to the Redis store's batch limit.
+const BATCH_BUCKETS: [f64; 7] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
 const FILL_BUCKETS: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 
 impl Metrics {
@@ -178,6 +181,12 @@ impl Metrics {
             "tollgate_store_errors_total",
             "Failed or timed-out store calls.",
             &["backend"],
+        );
+        let store_batch_requests = histogram(
+            "tollgate_store_batch_requests",
+            "Requests decided per store call (the Redis store batches them under load).",
+            &["backend"],
+            &BATCH_BUCKETS,
         );
         let degraded = counter(
             "tollgate_degraded_decisions_total",
@@ -238,6 +247,7 @@ impl Metrics {
             fill_ratio,
             store_duration,
             store_errors,
+            store_batch_requests,
             degraded,
             upstream_duration,
             upstream_responses,
@@ -264,6 +274,11 @@ impl Metrics {
             self.store_duration.with_label_values(&[backend]),
             self.store_errors.with_label_values(&[backend]),
         )
+    }
+
+    /// Where a store records how many requests each of its calls decided.
+    pub fn store_batches(&self, backend: &str) -> Histogram {
+        self.store_batch_requests.with_label_values(&[backend])
     }
 
     pub fn config_reload(&self, ok: bool) {

@@ -320,6 +320,20 @@ async fn one_script_call_per_request() {
     }
     let after = redis.calls("evalsha") + redis.calls("eval");
     assert_eq!(after - before, 40, "two buckets, one call per request");
+    // One after another, no request waits for another's call: 41 calls of one request each.
+    assert_metrics(
+        &gateway.render_metrics(),
+        &[
+            (
+                r#"tollgate_store_batch_requests_count{backend="redis"}"#,
+                41.0,
+            ),
+            (
+                r#"tollgate_store_batch_requests_sum{backend="redis"}"#,
+                41.0,
+            ),
+        ],
+    );
 }
 
 const FAULTS: &str = r#"

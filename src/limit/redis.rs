@@ -141,6 +141,12 @@ impl RedisStore {
         })
     }
 
+    /// Records the requests each batch's call decides in `histogram`.
+    pub fn observing_batches(mut self, histogram: prometheus::Histogram) -> RedisStore {
+        self.batcher = Batcher::observed_by(histogram);
+        self
+    }
+
     /// Requests refused by the deny cache without a store call.
     pub fn deny_cache_refusals(&self) -> u64 {
         self.deny_cache_refusals.load(Ordering::Relaxed)

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use prometheus::Histogram;
 use redis::aio::ConnectionManager;
 use redis::Script;
 use smallvec::SmallVec;
@@ -224,9 +225,18 @@ struct Queued {
 pub(super) struct Batcher {
     queue: OnceLock<mpsc::UnboundedSender<Queued>>,
     calls: Arc<AtomicU64>,
+    /// Requests per call, for the metrics.
+    sizes: Option<Histogram>,
 }
 
 impl Batcher {
+    pub(super) fn observed_by(sizes: Histogram) -> Batcher {
+        Batcher {
+            sizes: Some(sizes),
+            ..Batcher::default()
+        }
+    }
+
     /// Decides one request in the next batch; gives its keys back with the reply.
     pub(super) async fn decide(
         &self,
@@ -242,6 +252,7 @@ impl Batcher {
                 script.clone(),
                 receiver,
                 self.calls.clone(),
+                self.sizes.clone(),
             ));
             sender
         });
@@ -277,6 +288,7 @@ async fn send_batches(
     script: Script,
     mut queue: mpsc::UnboundedReceiver<Queued>,
     calls: Arc<AtomicU64>,
+    sizes: Option<Histogram>,
 ) {
     let mut in_flight = FuturesUnordered::new();
     let mut pending: Vec<Queued> = Vec::new();
@@ -305,6 +317,9 @@ async fn send_batches(
             || (in_flight.len() < CALLS_IN_FLIGHT && pending.len() >= SECOND_CALL_BATCH);
         if may_send && !pending.is_empty() {
             calls.fetch_add(1, Ordering::Relaxed);
+            if let Some(sizes) = &sizes {
+                sizes.observe(pending.len() as f64);
+            }
             let batch = std::mem::take(&mut pending);
             in_flight.push(call(connection.clone(), &script, batch));
         }

@@ -270,6 +270,9 @@ impl Metrics {
     }
 
     pub fn store_call(&self, backend: &str) -> (Histogram, IntCounter) {
+        // Exported for every backend, so that dashboards find it (the memory store makes no
+        // calls and leaves it at zero).
+        self.store_batch_requests.with_label_values(&[backend]);
         (
             self.store_duration.with_label_values(&[backend]),
             self.store_errors.with_label_values(&[backend]),

@@ -137,7 +137,7 @@ impl RedisStore {
             deny_cache: DenyCache::default(),
             clock,
             deny_cache_refusals: AtomicU64::new(0),
-            batcher: Batcher::default(),
+            batcher: Batcher::new(),
         })
     }
 

@@ -9,11 +9,10 @@
 //! Redis server's time, exactly as a call of its own at that moment would decide it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use prometheus::Histogram;
+use prometheus::{Histogram, HistogramOpts};
 use redis::aio::ConnectionManager;
 use redis::Script;
 use smallvec::SmallVec;
@@ -221,19 +220,27 @@ struct Queued {
 
 /// The queue of decisions for one node, and the task that sends them (started on first use,
 /// since the store is built before the runtime serves; it ends when the store is dropped).
-#[derive(Default)]
 pub(super) struct Batcher {
     queue: OnceLock<mpsc::UnboundedSender<Queued>>,
-    calls: Arc<AtomicU64>,
-    /// Requests per call, for the metrics.
-    sizes: Option<Histogram>,
+    /// Requests per call: the gateway's metric, or one of the batcher's own.
+    sizes: Histogram,
 }
 
 impl Batcher {
+    /// Counts its calls in a histogram of its own, for tests and diagnostics.
+    pub(super) fn new() -> Batcher {
+        let sizes = Histogram::with_opts(HistogramOpts::new(
+            "batch_requests",
+            "Requests decided per call.",
+        ))
+        .expect("valid histogram");
+        Batcher::observed_by(sizes)
+    }
+
     pub(super) fn observed_by(sizes: Histogram) -> Batcher {
         Batcher {
-            sizes: Some(sizes),
-            ..Batcher::default()
+            queue: OnceLock::new(),
+            sizes,
         }
     }
 
@@ -251,7 +258,6 @@ impl Batcher {
                 connection.clone(),
                 script.clone(),
                 receiver,
-                self.calls.clone(),
                 self.sizes.clone(),
             ));
             sender
@@ -265,7 +271,7 @@ impl Batcher {
 
     /// `decide.lua` calls made so far.
     pub(super) fn calls(&self) -> u64 {
-        self.calls.load(Ordering::Relaxed)
+        self.sizes.get_sample_count()
     }
 }
 
@@ -287,8 +293,7 @@ async fn send_batches(
     connection: ConnectionManager,
     script: Script,
     mut queue: mpsc::UnboundedReceiver<Queued>,
-    calls: Arc<AtomicU64>,
-    sizes: Option<Histogram>,
+    sizes: Histogram,
 ) {
     let mut in_flight = FuturesUnordered::new();
     let mut pending: Vec<Queued> = Vec::new();
@@ -316,10 +321,7 @@ async fn send_batches(
         let may_send = in_flight.is_empty()
             || (in_flight.len() < CALLS_IN_FLIGHT && pending.len() >= SECOND_CALL_BATCH);
         if may_send && !pending.is_empty() {
-            calls.fetch_add(1, Ordering::Relaxed);
-            if let Some(sizes) = &sizes {
-                sizes.observe(pending.len() as f64);
-            }
+            sizes.observe(pending.len() as f64);
             let batch = std::mem::take(&mut pending);
             in_flight.push(call(connection.clone(), &script, batch));
         }
@@ -337,7 +339,6 @@ async fn call(mut connection: ConnectionManager, script: &Script, batch: Vec<Que
         .await
         .map_err(|error| StoreError::Redis(error.to_string()))
         .and_then(|reply| decide.parse_reply(&reply));
-    drop(decide);
     match replies {
         Ok(replies) => {
             for (queued, reply) in batch.into_iter().zip(replies) {

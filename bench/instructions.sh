@@ -10,6 +10,8 @@
 #   REFUSING=1 bench/instructions.sh     # row 6b: every request refused (429)
 #   PROXY=nginx bench/instructions.sh    # nginx with limit_req (row 3) under the same load, for a
 #                                        # ratio that does not swing; with REFUSING=1: row 6a
+#   DUMP=/tmp/x.callgrind bench/instructions.sh   # and keep callgrind's profile there, for
+#                                                 # callgrind_annotate (exclusive costs, lines)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -90,6 +92,9 @@ callgrind_control --zero "$gateway" >/dev/null
 output=$(load 8s)
 callgrind_control --dump "$gateway" >/dev/null
 requests=$(awk '/requests in/ {print $1}' <<<"$output")
+if [[ -n "${DUMP:-}" ]]; then
+  cp "$(ls "$work"/callgrind.*.1 | tail -n 1)" "$DUMP"
+fi
 
 python3 - "$work" "$requests" "${TOP:-0}" "$proxy" <<'PY'
 import collections, glob, sys

@@ -29,9 +29,9 @@ use crate::limit::{
     BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError, Verdicts,
 };
 use crate::metrics::{Outcome, RouteMetrics, StatusClass};
-use crate::respond::{self, LimitReport, Refusal};
+use crate::respond::{self, FieldValue, LimitReport, Refusal, SetFields};
 use crate::upstream::{self, ForwardError, OutgoingBody};
-use crate::{path, route, Body, Runtime, Shared};
+use crate::{path, route, Body, RequestId, Runtime, Shared};
 
 /// A client request's body as the server hands it over.
 #[derive(Debug)]
@@ -81,7 +81,7 @@ struct Exchange {
     outcome: Option<Outcome>,
     limit: Option<String>,
     upstream: Option<Duration>,
-    request_id: HeaderValue,
+    request_id: RequestId,
     logged: bool,
 }
 
@@ -127,6 +127,7 @@ impl Gateway {
         &self,
         request: Request<RequestBody>,
         connection: Connection,
+        fields: &mut SetFields,
     ) -> Response<Body> {
         let _inflight = InFlightRequest::new(&self.shared.metrics.inflight);
         let runtime = self.shared.runtime.load_full();
@@ -143,13 +144,14 @@ impl Gateway {
             request_id,
             logged: false,
         };
-        let mut response = self
-            .serve(&runtime, request, connection, &mut exchange)
+        let response = self
+            .serve(&runtime, request, connection, &mut exchange, fields)
             .await;
-        response
-            .headers_mut()
-            .insert(X_REQUEST_ID, exchange.request_id.clone());
         exchange.log(response.status());
+        fields.set(
+            &REQUEST_ID_NAME,
+            FieldValue::RequestId(exchange.request_id.clone()),
+        );
         response
     }
 
@@ -159,6 +161,7 @@ impl Gateway {
         request: Request<RequestBody>,
         connection: Connection,
         exchange: &mut Exchange,
+        fields: &mut SetFields,
     ) -> Response<Body> {
         let policy = &runtime.policy;
         exchange.path = path::normalize(request.uri().path());
@@ -191,12 +194,14 @@ impl Gateway {
         let route = &policy.routes[index];
         let metrics = &runtime.metrics[index];
         exchange.route = Some(route.name.clone());
-        let (outcome, response) = self
-            .serve_route(runtime, route, metrics, request, host, connection, exchange)
+        let (outcome, answer) = self
+            .serve_route(
+                runtime, route, metrics, request, host, connection, exchange, fields,
+            )
             .await;
         metrics.outcome(outcome).inc();
         exchange.outcome = Some(outcome);
-        response
+        answer
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -209,6 +214,7 @@ impl Gateway {
         host: Option<HeaderValue>,
         connection: Connection,
         exchange: &mut Exchange,
+        fields: &mut SetFields,
     ) -> (Outcome, Response<Body>) {
         let policy = &runtime.policy;
         let forwarded_for = request
@@ -358,7 +364,7 @@ impl Gateway {
             tracing::debug!(route = %route.name, limits = %refusing.join(","), "refused");
             return (
                 Outcome::Limited,
-                respond::too_many_requests(header_mode, &reports),
+                respond::too_many_requests(header_mode, &reports, fields),
             );
         }
 
@@ -430,7 +436,7 @@ impl Gateway {
             }
         }
         upstream::remove_hop_by_hop(response.headers_mut(), switching);
-        respond::add_ratelimit_headers(response.headers_mut(), header_mode, &reports);
+        respond::add_ratelimit_headers(fields, header_mode, &reports);
         (outcome, response)
     }
 
@@ -542,6 +548,8 @@ struct AfterResponse<'a> {
 
 const X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
 pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+/// As a static, for `SetFields`.
+static REQUEST_ID_NAME: http::HeaderName = X_REQUEST_ID;
 
 /// Request-level checks before routing; returns the request's host (Host or :authority).
 fn check_request<B>(
@@ -703,7 +711,7 @@ fn access_log(exchange: &Exchange, status: StatusCode) {
         limit,
         duration_ms = exchange.started.map_or(-1.0, |started| milliseconds(started.elapsed())),
         upstream_ms,
-        request_id = exchange.request_id.to_str().unwrap_or_default(),
+        request_id = exchange.request_id.as_str(),
     );
 }
 

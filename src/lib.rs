@@ -126,17 +126,49 @@ impl Shared {
     }
 
     /// The client's `X-Request-Id` if it is reasonable, else a new one.
-    pub(crate) fn request_id(&self, headers: &http::HeaderMap) -> HeaderValue {
+    pub(crate) fn request_id(&self, headers: &http::HeaderMap) -> RequestId {
         if let Some(id) = headers.get(gateway::X_REQUEST_ID) {
             if !id.is_empty() && id.len() <= 128 && id.to_str().is_ok() {
-                return id.clone();
+                return RequestId::Client(id.clone());
             }
         }
         let sequence = self.request_counter.fetch_add(1, Ordering::Relaxed);
         let mut hex = [0u8; 32];
         write_hex(&self.request_id_prefix.to_be_bytes(), &mut hex[..16]);
         write_hex(&sequence.to_be_bytes(), &mut hex[16..]);
-        HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("-"))
+        RequestId::Made(hex)
+    }
+}
+
+/// A request's `X-Request-Id`: the client's, or one made here, kept inline (a header value
+/// would cost an allocation per request, and another at its first clone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestId {
+    /// Visible ASCII, at most 128 bytes.
+    Client(HeaderValue),
+    /// 32 lower-case hexadecimal digits.
+    Made([u8; 32]),
+}
+
+impl RequestId {
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            RequestId::Client(value) => value.as_bytes(),
+            RequestId::Made(digits) => digits,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+
+    pub fn to_header_value(&self) -> HeaderValue {
+        match self {
+            RequestId::Client(value) => value.clone(),
+            RequestId::Made(digits) => {
+                HeaderValue::from_bytes(digits).unwrap_or_else(|_| HeaderValue::from_static("-"))
+            }
+        }
     }
 }
 

@@ -6,9 +6,75 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full};
+use smallvec::SmallVec;
 
 use crate::config::HeaderMode;
-use crate::Body;
+use crate::{Body, RequestId};
+
+/// Header fields the gateway sets on a response, kept beside the response's header map until
+/// the head is written: the server's own HTTP/1.1 path writes them straight into the head (no
+/// map insertion and no allocation per field, on every response), hyper's path puts them into
+/// the map. Each replaces the map's fields of the same name, so that an upstream's
+/// `X-Request-Id` or `RateLimit-*` never reaches the client beside the gateway's. The server
+/// owns one per connection and lends it to each request, so that it is never moved.
+#[derive(Debug, Default)]
+pub struct SetFields(SmallVec<[(&'static HeaderName, FieldValue); 6]>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldValue {
+    Static(&'static str),
+    Number(u64),
+    /// Valid header-value text (limit names and numbers).
+    Text(String),
+    RequestId(RequestId),
+}
+
+impl SetFields {
+    /// Sets `name`, which is not set yet (each field is set by one step of the request path).
+    pub fn set(&mut self, name: &'static HeaderName, value: FieldValue) {
+        debug_assert!(!self.sets(name), "{name} set twice");
+        self.0.push((name, value));
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// Whether `name` is set here (and a field of that name in the map gives way).
+    pub fn sets(&self, name: &HeaderName) -> bool {
+        self.0.iter().any(|(set, _)| *set == name)
+    }
+
+    /// Calls `write` with each field's name and value, in the order they were set.
+    pub fn write(&self, mut write: impl FnMut(&[u8], &[u8])) {
+        let mut digits = itoa::Buffer::new();
+        for (name, value) in &self.0 {
+            let value = match value {
+                FieldValue::Static(text) => text.as_bytes(),
+                FieldValue::Number(number) => digits.format(*number).as_bytes(),
+                FieldValue::Text(text) => text.as_bytes(),
+                FieldValue::RequestId(id) => id.as_bytes(),
+            };
+            write(name.as_str().as_bytes(), value);
+        }
+    }
+
+    /// Puts the fields into `headers`, replacing fields of the same names.
+    pub fn apply(self, headers: &mut HeaderMap) {
+        for (name, value) in self.0 {
+            let value = match value {
+                FieldValue::Static(text) => HeaderValue::from_static(text),
+                FieldValue::Number(number) => HeaderValue::from(number),
+                FieldValue::Text(text) => match HeaderValue::try_from(text) {
+                    Ok(value) => value,
+                    Err(_) => continue,
+                },
+                FieldValue::RequestId(id) => id.to_header_value(),
+            };
+            headers.insert(name.clone(), value);
+        }
+    }
+}
 
 /// A request the gateway answers itself before it reaches a decision or the upstream.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -80,15 +146,16 @@ pub fn full(
     content_type: &'static str,
     body: impl Into<Bytes>,
 ) -> Response<Body> {
-    let mut response = Response::new(
-        Full::new(body.into())
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *response.status_mut() = status;
+    let mut response = without_fields(status, body.into());
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn without_fields(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut response = Response::new(Full::new(body).map_err(|never| match never {}).boxed());
+    *response.status_mut() = status;
     response
 }
 
@@ -175,16 +242,19 @@ pub fn shutting_down() -> Response<Body> {
 }
 
 /// The 429: JSON body (problem+json in the IETF modes), `Retry-After`, rate-limit headers.
-pub fn too_many_requests(mode: HeaderMode, reports: &[LimitReport<'_>]) -> Response<Body> {
+pub fn too_many_requests(
+    mode: HeaderMode,
+    reports: &[LimitReport<'_>],
+    fields: &mut SetFields,
+) -> Response<Body> {
     let wait = reports
         .iter()
         .filter(|report| report.refused)
         .map(|report| report.wait)
         .fold(0.0, f64::max);
     let retry_after = retry_after_seconds(wait);
-    let mut response = match mode {
-        HeaderMode::Legacy | HeaderMode::None => full(
-            StatusCode::TOO_MANY_REQUESTS,
+    let (content_type, body) = match mode {
+        HeaderMode::Legacy | HeaderMode::None => (
             "application/json",
             // The hottest answer under attack: written directly, not through a JSON value or
             // the formatting machinery.
@@ -209,29 +279,27 @@ pub fn too_many_requests(mode: HeaderMode, reports: &[LimitReport<'_>]) -> Respo
                 "error": "too_many_requests",
                 "retry_after": retry_after,
             });
-            full(
-                StatusCode::TOO_MANY_REQUESTS,
-                "application/problem+json",
-                body.to_string(),
-            )
+            ("application/problem+json", body.to_string())
         }
     };
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, number_value(retry_after));
-    add_ratelimit_headers(response.headers_mut(), mode, reports);
-    response
+    fields.set(&CONTENT_TYPE_NAME, FieldValue::Static(content_type));
+    fields.set(&RETRY_AFTER_NAME, FieldValue::Number(retry_after));
+    add_ratelimit_headers(fields, mode, reports);
+    without_fields(StatusCode::TOO_MANY_REQUESTS, body.into())
 }
 
-const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+// As statics, so that `SetFields` can refer to them.
+static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
+static RETRY_AFTER_NAME: HeaderName = RETRY_AFTER;
+static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Adds the headers of `mode` describing `reports` (no headers when there is no report).
 pub fn add_ratelimit_headers(
-    headers: &mut HeaderMap,
+    headers: &mut SetFields,
     mode: HeaderMode,
     reports: &[LimitReport<'_>],
 ) {
@@ -268,7 +336,7 @@ fn most_constrained<'r, 'a>(reports: &'r [LimitReport<'a>]) -> Option<&'r LimitR
     })
 }
 
-fn add_legacy_headers(headers: &mut HeaderMap, reports: &[LimitReport<'_>]) {
+fn add_legacy_headers(headers: &mut SetFields, reports: &[LimitReport<'_>]) {
     let Some(report) = most_constrained(reports) else {
         return;
     };
@@ -276,19 +344,19 @@ fn add_legacy_headers(headers: &mut HeaderMap, reports: &[LimitReport<'_>]) {
     if report.refused {
         reset = reset.max(retry_after_seconds(report.wait));
     }
-    headers.insert(
-        RATELIMIT_LIMIT,
-        number_value(whole(report.capacity.floor())),
+    headers.set(
+        &RATELIMIT_LIMIT,
+        FieldValue::Number(whole(report.capacity.floor())),
     );
-    headers.insert(RATELIMIT_REMAINING, number_value(report.remaining()));
-    headers.insert(RATELIMIT_RESET, number_value(reset));
+    headers.set(&RATELIMIT_REMAINING, FieldValue::Number(report.remaining()));
+    headers.set(&RATELIMIT_RESET, FieldValue::Number(reset));
 }
 
 /// `RateLimit-Policy: "name";q=<capacity>;w=<seconds to refill>` and
 /// `RateLimit: "name";r=<remaining>;t=<seconds>` where `t` is, for a refusing policy, the
 /// wait until the request would pass, otherwise the wait for the next whole token
 /// (0 when full). Names are limit names, never client keys.
-fn add_ietf_headers(headers: &mut HeaderMap, reports: &[LimitReport<'_>]) {
+fn add_ietf_headers(headers: &mut SetFields, reports: &[LimitReport<'_>]) {
     let mut policy = String::new();
     let mut state = String::new();
     for (index, report) in reports.iter().enumerate() {
@@ -316,12 +384,8 @@ fn add_ietf_headers(headers: &mut HeaderMap, reports: &[LimitReport<'_>]) {
             report.remaining()
         ));
     }
-    if let Ok(value) = HeaderValue::from_str(&policy) {
-        headers.insert(RATELIMIT_POLICY, value);
-    }
-    if let Ok(value) = HeaderValue::from_str(&state) {
-        headers.insert(RATELIMIT, value);
-    }
+    headers.set(&RATELIMIT_POLICY, FieldValue::Text(policy));
+    headers.set(&RATELIMIT, FieldValue::Text(state));
 }
 
 #[cfg(test)]
@@ -348,6 +412,21 @@ mod tests {
         }
     }
 
+    fn ratelimit_headers(mode: HeaderMode, reports: &[LimitReport<'_>]) -> HeaderMap {
+        let mut fields = SetFields::default();
+        add_ratelimit_headers(&mut fields, mode, reports);
+        let mut headers = HeaderMap::new();
+        fields.apply(&mut headers);
+        headers
+    }
+
+    fn refusal(mode: HeaderMode, reports: &[LimitReport<'_>]) -> Response<Body> {
+        let mut fields = SetFields::default();
+        let mut response = too_many_requests(mode, reports, &mut fields);
+        fields.apply(response.headers_mut());
+        response
+    }
+
     fn header(response: &Response<Body>, name: &str) -> String {
         response.headers()[name].to_str().unwrap().to_owned()
     }
@@ -368,7 +447,7 @@ mod tests {
             report("per_account", 5.0, 1.0 / 120.0, 0.5, true, 60.0),
             report("global", 200.0, 50.0, 0.2, true, 0.016),
         ];
-        let response = too_many_requests(HeaderMode::Legacy, &reports);
+        let response = refusal(HeaderMode::Legacy, &reports);
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(header(&response, "retry-after"), "60");
         assert_eq!(header(&response, "content-type"), "application/json");
@@ -383,8 +462,7 @@ mod tests {
             report("per_network", 20.0, 1.0 / 30.0, 19.0, false, 0.0),
             report("per_account", 5.0, 1.0 / 120.0, 2.0, false, 0.0),
         ];
-        let mut headers = HeaderMap::new();
-        add_ratelimit_headers(&mut headers, HeaderMode::Legacy, &reports);
+        let headers = ratelimit_headers(HeaderMode::Legacy, &reports);
         assert_eq!(headers["ratelimit-limit"], "5");
         assert_eq!(headers["ratelimit-remaining"], "2");
         assert_eq!(headers["ratelimit-reset"], "360");
@@ -397,8 +475,7 @@ mod tests {
             report("per_account", 5.0, 1.0 / 120.0, 2.0, false, 0.0),
             report("global", 200.0, 50.0, 200.0, false, 0.0),
         ];
-        let mut headers = HeaderMap::new();
-        add_ratelimit_headers(&mut headers, HeaderMode::Ietf, &reports);
+        let headers = ratelimit_headers(HeaderMode::Ietf, &reports);
         assert_eq!(
             headers["ratelimit-policy"],
             "\"per_account\";q=5;w=600, \"global\";q=200;w=4"
@@ -413,7 +490,7 @@ mod tests {
     #[test]
     fn ietf_refusal_is_problem_json() {
         let reports = [report("per_account", 5.0, 1.0 / 120.0, 0.0, true, 120.0)];
-        let response = too_many_requests(HeaderMode::Both, &reports);
+        let response = refusal(HeaderMode::Both, &reports);
         assert_eq!(
             header(&response, "content-type"),
             "application/problem+json"

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use crate::config::ServerSettings;
 use crate::gateway::{Connection, Gateway, RequestBody};
+use crate::respond::SetFields;
 
 mod http1;
 
@@ -143,7 +144,10 @@ async fn serve_connection<S>(
         let (gateway, connection) = (gateway.clone(), connection.clone());
         async move {
             let request = request.map(RequestBody::Incoming);
-            Ok::<_, std::convert::Infallible>(gateway.handle(request, connection).await)
+            let mut fields = SetFields::default();
+            let mut response = gateway.handle(request, connection, &mut fields).await;
+            fields.apply(response.headers_mut());
+            Ok::<_, std::convert::Infallible>(response)
         }
     });
     let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));

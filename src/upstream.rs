@@ -21,7 +21,7 @@ use connection_pool::{ConnectionPool, PoolError};
 use smallvec::SmallVec;
 
 use crate::config::{Upstream, UpstreamTarget};
-use crate::{tls, Body};
+use crate::{tls, Body, RequestId};
 
 /// Requests with a body in memory up to this size take the gateway's own client, which writes
 /// the whole request before reading: far below what the socket buffers hold, so an upstream
@@ -358,7 +358,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 /// again on every request. Only hyper's client path puts them into the map ([`Self::apply`]).
 #[derive(Debug, Clone)]
 pub struct Forwarding {
-    request_id: HeaderValue,
+    request_id: RequestId,
     host: Option<HeaderValue>,
     forwarded_for: Option<HeaderValue>,
     proto: HeaderValue,
@@ -376,7 +376,7 @@ impl Forwarding {
     /// `headers` are the client's, for its `X-Forwarded-For` chain.
     pub fn new(
         headers: &HeaderMap,
-        request_id: HeaderValue,
+        request_id: RequestId,
         peer: &HeaderValue,
         proto: &'static str,
         host: Option<&HeaderValue>,
@@ -420,7 +420,7 @@ impl Forwarding {
     }
 
     /// The fields as `(name, value)` pairs, in the order they are written.
-    pub fn fields(&self) -> impl Iterator<Item = (&'static HeaderName, &HeaderValue)> {
+    pub fn fields(&self) -> impl Iterator<Item = (&'static HeaderName, &[u8])> {
         let host = self
             .host
             .iter()
@@ -429,16 +429,19 @@ impl Forwarding {
             .forwarded_for
             .iter()
             .map(|value| (&FORWARDED_FOR, value));
-        host.chain(forwarded_for).chain([
-            (&FORWARDED_PROTO, &self.proto),
-            (&REQUEST_ID, &self.request_id),
-        ])
+        host.chain(forwarded_for)
+            .chain([(&FORWARDED_PROTO, &self.proto)])
+            .map(|(name, value)| (name, value.as_bytes()))
+            .chain([(&REQUEST_ID, self.request_id.as_bytes())])
     }
 
     /// Puts the fields into `headers`, replacing the client's.
     pub fn apply(self, headers: &mut HeaderMap) {
         for (name, value) in self.fields() {
-            headers.insert(name.clone(), value.clone());
+            // Every value is a header value's bytes or the request id's visible ASCII.
+            if let Ok(value) = HeaderValue::from_bytes(value) {
+                headers.insert(name.clone(), value);
+            }
         }
     }
 }
@@ -485,7 +488,7 @@ mod tests {
         let host = HeaderValue::from_static("shop.example.com");
         let forwarding = Forwarding::new(
             &headers,
-            HeaderValue::from_static("r-1"),
+            RequestId::Client(HeaderValue::from_static("r-1")),
             &peer_header("::ffff:10.0.0.1".parse().unwrap()),
             "http",
             Some(&host),
@@ -495,7 +498,7 @@ mod tests {
         }
         let written: Vec<(String, String)> = forwarding
             .fields()
-            .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
+            .map(|(name, value)| (name.to_string(), String::from_utf8(value.to_vec()).unwrap()))
             .collect();
         let mut applied = headers.clone();
         forwarding.apply(&mut applied);
@@ -520,7 +523,7 @@ mod tests {
     fn without_a_host_the_clients_host_fields_stay() {
         let forwarding = Forwarding::new(
             &HeaderMap::new(),
-            HeaderValue::from_static("r-1"),
+            RequestId::Client(HeaderValue::from_static("r-1")),
             &HeaderValue::from_static("10.0.0.1"),
             "https",
             None,

@@ -24,6 +24,7 @@ use tokio::sync::watch;
 
 use super::{ConnectionGuards, Watchdog};
 use crate::gateway::{Connection, Gateway, RequestBody};
+use crate::respond::SetFields;
 use crate::upstream::header_tokens;
 use crate::{write_header_field, Body};
 
@@ -58,6 +59,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut out = BytesMut::new();
+    let mut fields = SetFields::default();
     // One wait for the shutdown signal for the connection's life, not one per request.
     let mut signal = shutdown.clone();
     let mut shutting_down = std::pin::pin!(signal.changed());
@@ -101,17 +103,21 @@ where
         };
         head_started = None;
         let head_only = request.method() == Method::HEAD;
-        let mut handling = std::pin::pin!(gateway.handle(request, connection.clone()));
-        let response = loop {
-            // Reading on while the request is served notices a client that goes away (the
-            // request is dropped, as hyper does) and keeps pipelined requests.
-            tokio::select! {
-                biased;
-                response = &mut handling => break response,
-                read = io.read_buf(buffer), if buffer.len() < guards.max_head_bytes => match read {
-                    Ok(0) | Err(_) => return Ending::Closed,
-                    Ok(_) => {}
-                },
+        fields.clear();
+        let response = {
+            let mut handling =
+                std::pin::pin!(gateway.handle(request, connection.clone(), &mut fields));
+            loop {
+                // Reading on while the request is served notices a client that goes away (the
+                // request is dropped, as hyper does) and keeps pipelined requests.
+                tokio::select! {
+                    biased;
+                    response = &mut handling => break response,
+                    read = io.read_buf(buffer), if buffer.len() < guards.max_head_bytes => match read {
+                        Ok(0) | Err(_) => return Ending::Closed,
+                        Ok(_) => {}
+                    },
+                }
             }
         };
         let close = !keep_alive || shutdown.has_changed().unwrap_or(true);
@@ -120,6 +126,7 @@ where
         let head = encode_response_head(
             parts.status,
             &parts.headers,
+            &fields,
             body.size_hint().exact(),
             head_only,
             close,
@@ -252,11 +259,13 @@ pub(super) struct ResponseHead {
     pub(super) close: bool,
 }
 
-/// Writes the status line and header fields into `out`, adding `date`, the body's framing and
-/// `connection: close` where needed. `body_length` is the body's exact length when known.
+/// Writes the status line and header fields into `out`, `fields` in place of the map's fields
+/// of the same names, adding `date`, the body's framing and `connection: close` where needed.
+/// `body_length` is the body's exact length when known.
 pub(super) fn encode_response_head(
     status: StatusCode,
     headers: &HeaderMap,
+    fields: &SetFields,
     body_length: Option<u64>,
     head_only: bool,
     mut close: bool,
@@ -277,10 +286,14 @@ pub(super) fn encode_response_head(
                 .any(|token| token.eq_ignore_ascii_case("close"));
             continue;
         }
+        if fields.sets(name) {
+            continue;
+        }
         has_length |= *name == header::CONTENT_LENGTH;
         has_date |= *name == header::DATE;
         write_header_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
+    fields.write(|name, value| write_header_field(out, name, value));
     if !has_date {
         with_date(|date| write_header_field(out, b"date", date));
     }
@@ -424,6 +437,9 @@ mod tests {
     use bytes::Bytes;
     use http::Response;
 
+    use crate::respond::FieldValue;
+    use crate::RequestId;
+
     /// A response whose body is all in memory.
     fn full(bytes: &'static [u8]) -> Response<Body> {
         Response::new(
@@ -522,10 +538,20 @@ mod tests {
     }
 
     fn head(response: &Response<Body>, head_only: bool, close: bool) -> (String, ResponseHead) {
+        head_with(response, &SetFields::default(), head_only, close)
+    }
+
+    fn head_with(
+        response: &Response<Body>,
+        fields: &SetFields,
+        head_only: bool,
+        close: bool,
+    ) -> (String, ResponseHead) {
         let mut out = BytesMut::new();
         let head = encode_response_head(
             response.status(),
             response.headers(),
+            fields,
             response.body().size_hint().exact(),
             head_only,
             close,
@@ -556,6 +582,36 @@ mod tests {
                 close: false
             }
         );
+    }
+
+    #[test]
+    fn the_gateways_fields_replace_the_upstreams_of_the_same_name() {
+        static LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+        static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+        let mut response = full(b"hello");
+        let headers = response.headers_mut();
+        headers.insert("ratelimit-limit", HeaderValue::from_static("7"));
+        headers.insert("x-thing", HeaderValue::from_static("1"));
+        headers.insert("x-request-id", HeaderValue::from_static("upstream's"));
+        let mut fields = SetFields::default();
+        fields.set(&LIMIT, FieldValue::Number(120));
+        fields.set(
+            &REQUEST_ID,
+            FieldValue::RequestId(RequestId::Made([b'a'; 32])),
+        );
+        let (text, _) = head_with(&response, &fields, false, false);
+        let fields_written = format!(
+            "HTTP/1.1 200 OK\r\nx-thing: 1\r\nratelimit-limit: 120\r\nx-request-id: {}\r\ndate: ",
+            "a".repeat(32)
+        );
+        assert!(text.starts_with(&fields_written), "{text}");
+        // hyper's path, through the map, carries the same fields.
+        fields.apply(response.headers_mut());
+        let headers = response.headers();
+        assert_eq!(headers.len(), 3);
+        assert_eq!(headers["ratelimit-limit"], "120");
+        assert_eq!(headers["x-request-id"], "a".repeat(32).as_str());
+        assert_eq!(headers["x-thing"], "1");
     }
 
     #[test]

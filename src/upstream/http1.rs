@@ -196,7 +196,7 @@ pub(crate) fn encode_request(
         write_header_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     for (name, value) in forwarding.fields() {
-        write_header_field(out, name.as_str().as_bytes(), value.as_bytes());
+        write_header_field(out, name.as_str().as_bytes(), value);
     }
     let expects_body = matches!(*method, Method::POST | Method::PUT | Method::PATCH);
     if !body.is_empty() || declared_length || expects_body {
@@ -866,7 +866,7 @@ mod tests {
         );
         let forwarding = Forwarding::new(
             &headers,
-            HeaderValue::from_static("r-1"),
+            crate::RequestId::Client(HeaderValue::from_static("r-1")),
             &HeaderValue::from_static("10.0.0.1"),
             "http",
             None,
@@ -899,7 +899,7 @@ mod tests {
         let host = HeaderValue::from_static("shop.example");
         let forwarding = Forwarding::new(
             &headers,
-            HeaderValue::from_static("r-1"),
+            crate::RequestId::Client(HeaderValue::from_static("r-1")),
             &HeaderValue::from_static("10.0.0.1"),
             "http",
             Some(&host),

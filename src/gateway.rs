@@ -194,14 +194,14 @@ impl Gateway {
         let route = &policy.routes[index];
         let metrics = &runtime.metrics[index];
         exchange.route = Some(route.name.clone());
-        let (outcome, answer) = self
+        let (outcome, response) = self
             .serve_route(
                 runtime, route, metrics, request, host, connection, exchange, fields,
             )
             .await;
         metrics.outcome(outcome).inc();
         exchange.outcome = Some(outcome);
-        answer
+        response
     }
 
     #[allow(clippy::too_many_arguments)]

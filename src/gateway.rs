@@ -104,6 +104,23 @@ impl Drop for Exchange {
     }
 }
 
+/// Why a request reached no route.
+enum Unrouted {
+    ShuttingDown,
+    Refused(Refusal),
+    NoRoute,
+}
+
+impl Unrouted {
+    fn render(self) -> Response<Body> {
+        match self {
+            Unrouted::ShuttingDown => respond::shutting_down(),
+            Unrouted::Refused(refusal) => refusal.render(),
+            Unrouted::NoRoute => respond::not_found(),
+        }
+    }
+}
+
 /// Counts a request in `tollgate_inflight_requests` until dropped, even when the client goes
 /// away and the request's future is dropped half-way.
 struct InFlightRequest<'a>(&'a prometheus::IntGauge);
@@ -144,9 +161,28 @@ impl Gateway {
             request_id,
             logged: false,
         };
-        let response = self
-            .serve(&runtime, request, connection, &mut exchange, fields)
-            .await;
+        let response = match self.find_route(&runtime, &request, &mut exchange) {
+            Ok((index, host)) => {
+                let route = &runtime.policy.routes[index];
+                let metrics = &runtime.metrics[index];
+                let (outcome, response) = self
+                    .serve_route(
+                        &runtime,
+                        route,
+                        metrics,
+                        request,
+                        host,
+                        connection,
+                        &mut exchange,
+                        fields,
+                    )
+                    .await;
+                metrics.outcome(outcome).inc();
+                exchange.outcome = Some(outcome);
+                response
+            }
+            Err(unrouted) => unrouted.render(),
+        };
         exchange.log(response.status());
         fields.set(
             &REQUEST_ID_NAME,
@@ -155,25 +191,25 @@ impl Gateway {
         response
     }
 
-    async fn serve(
+    /// Checks the request and finds its route: its index and the request's `Host`, or the
+    /// answer to a request that has none.
+    fn find_route(
         &self,
         runtime: &Runtime,
-        request: Request<RequestBody>,
-        connection: Connection,
+        request: &Request<RequestBody>,
         exchange: &mut Exchange,
-        fields: &mut SetFields,
-    ) -> Response<Body> {
+    ) -> Result<(usize, Option<HeaderValue>), Unrouted> {
         let policy = &runtime.policy;
         exchange.path = path::normalize(request.uri().path());
         if self.shared.shutting_down.load(Ordering::Relaxed) {
-            return respond::shutting_down();
+            return Err(Unrouted::ShuttingDown);
         }
-        let host = match check_request(&request, policy.server.max_header_bytes) {
+        let host = match check_request(request, policy.server.max_header_bytes) {
             Ok(host) => host,
             Err(refusal) => {
                 self.shared.metrics.bad_request_without_route();
                 exchange.outcome = Some(Outcome::BadRequest);
-                return refusal.render();
+                return Err(Unrouted::Refused(refusal));
             }
         };
         // Only routes with a `host` need the host name (parsed again, lower-cased).
@@ -189,19 +225,10 @@ impl Gateway {
         ) else {
             self.shared.metrics.no_route();
             exchange.outcome = Some(Outcome::NoRoute);
-            return respond::not_found();
+            return Err(Unrouted::NoRoute);
         };
-        let route = &policy.routes[index];
-        let metrics = &runtime.metrics[index];
-        exchange.route = Some(route.name.clone());
-        let (outcome, response) = self
-            .serve_route(
-                runtime, route, metrics, request, host, connection, exchange, fields,
-            )
-            .await;
-        metrics.outcome(outcome).inc();
-        exchange.outcome = Some(outcome);
-        response
+        exchange.route = Some(policy.routes[index].name.clone());
+        Ok((index, host))
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -148,7 +148,12 @@ impl Gateway {
     ) -> Response<Body> {
         let _inflight = InFlightRequest::new(&self.shared.metrics.inflight);
         let runtime = self.shared.runtime.load_full();
-        let request_id = self.shared.request_id(request.headers());
+        let scan = FieldScan::of(request.headers());
+        let client_id = scan
+            .request_id
+            .then(|| request.headers().get(X_REQUEST_ID))
+            .flatten();
+        let request_id = self.shared.request_id(client_id);
         let mut exchange = Exchange {
             started: access_logging().then(Instant::now),
             method: request.method().clone(),
@@ -161,7 +166,7 @@ impl Gateway {
             request_id,
             logged: false,
         };
-        let response = match self.find_route(&runtime, &request, &mut exchange) {
+        let response = match self.find_route(&runtime, &request, &scan, &mut exchange) {
             Ok((index, host)) => {
                 let route = &runtime.policy.routes[index];
                 let metrics = &runtime.metrics[index];
@@ -172,6 +177,7 @@ impl Gateway {
                         metrics,
                         request,
                         host,
+                        &scan,
                         connection,
                         &mut exchange,
                         fields,
@@ -197,6 +203,7 @@ impl Gateway {
         &self,
         runtime: &Runtime,
         request: &Request<RequestBody>,
+        scan: &FieldScan,
         exchange: &mut Exchange,
     ) -> Result<(usize, Option<HeaderValue>), Unrouted> {
         let policy = &runtime.policy;
@@ -204,7 +211,7 @@ impl Gateway {
         if self.shared.shutting_down.load(Ordering::Relaxed) {
             return Err(Unrouted::ShuttingDown);
         }
-        let host = match check_request(request, policy.server.max_header_bytes) {
+        let host = match check_request(request, scan, policy.server.max_header_bytes) {
             Ok(host) => host,
             Err(refusal) => {
                 self.shared.metrics.bad_request_without_route();
@@ -239,15 +246,14 @@ impl Gateway {
         metrics: &RouteMetrics,
         request: Request<RequestBody>,
         host: Option<HeaderValue>,
+        scan: &FieldScan,
         connection: Connection,
         exchange: &mut Exchange,
         fields: &mut SetFields,
     ) -> (Outcome, Response<Body>) {
         let policy = &runtime.policy;
-        let forwarded_for = request
-            .headers()
-            .get_all(X_FORWARDED_FOR)
-            .iter()
+        let forwarded_for = scan
+            .forwarded_for(request.headers())
             .filter_map(|value| value.to_str().ok());
         let resolved =
             match client_ip::resolve(&policy.client_ip.trust, connection.peer, forwarded_for) {
@@ -395,18 +401,18 @@ impl Gateway {
             );
         }
 
-        let upgrade = upstream::is_upgrade(&parts.headers);
+        let upgrade = scan.upgrade && upstream::is_upgrade(&parts.headers);
         let client_upgrade = if upgrade {
             parts.extensions.remove::<OnUpgrade>()
         } else {
             None
         };
-        if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+        if scan.transfer_encoding {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
         upstream::remove_hop_by_hop(&mut parts.headers, upgrade);
         let forwarding = upstream::Forwarding::new(
-            &parts.headers,
+            scan.forwarded_for(&parts.headers),
             exchange.request_id.clone(),
             &connection.peer_header,
             connection.proto,
@@ -579,8 +585,51 @@ pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static(
 static REQUEST_ID_NAME: http::HeaderName = X_REQUEST_ID;
 
 /// Request-level checks before routing; returns the request's host (Host or :authority).
+/// What one pass over a request's fields finds: their size, and which of the fields the
+/// request path looks up by name the request carries. Most requests carry none of them, and
+/// looking up a missing name still costs a hash and a probe.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct FieldScan {
+    /// Names and values, with 4 bytes per field for `: ` and the line end.
+    bytes: usize,
+    forwarded_for: bool,
+    request_id: bool,
+    transfer_encoding: bool,
+    content_length: bool,
+    upgrade: bool,
+}
+
+impl FieldScan {
+    fn of(headers: &HeaderMap) -> FieldScan {
+        let mut scan = FieldScan::default();
+        for (name, value) in headers {
+            let name = name.as_str();
+            scan.bytes += name.len() + value.len() + 4;
+            // Names are lower case; their lengths tell these apart from most others cheaply.
+            match name.len() {
+                7 => scan.upgrade |= name == "upgrade",
+                12 => scan.request_id |= name == "x-request-id",
+                14 => scan.content_length |= name == "content-length",
+                15 => scan.forwarded_for |= name == "x-forwarded-for",
+                17 => scan.transfer_encoding |= name == "transfer-encoding",
+                _ => {}
+            }
+        }
+        scan
+    }
+
+    /// The `X-Forwarded-For` values of `headers` (the scanned ones, or what is left of them).
+    fn forwarded_for<'h>(&self, headers: &'h HeaderMap) -> impl Iterator<Item = &'h HeaderValue> {
+        self.forwarded_for
+            .then(|| headers.get_all(X_FORWARDED_FOR))
+            .into_iter()
+            .flatten()
+    }
+}
+
 fn check_request<B>(
     request: &Request<B>,
+    scan: &FieldScan,
     max_header_bytes: usize,
 ) -> Result<Option<HeaderValue>, Refusal> {
     if request.method() == Method::CONNECT {
@@ -588,10 +637,7 @@ fn check_request<B>(
     }
     let headers = request.headers();
     let uri = request.uri();
-    let header_bytes: usize = headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum::<usize>()
+    let header_bytes = scan.bytes
         + uri.path_and_query().map_or(0, |pq| pq.as_str().len())
         + uri
             .authority()
@@ -599,19 +645,19 @@ fn check_request<B>(
     if header_bytes > max_header_bytes {
         return Err(Refusal::HeaderFieldsTooLarge);
     }
-    if headers.contains_key(header::TRANSFER_ENCODING)
-        && headers.contains_key(header::CONTENT_LENGTH)
-    {
+    if scan.transfer_encoding && scan.content_length {
         return Err(Refusal::BadRequest(
             "both Content-Length and Transfer-Encoding are present".to_owned(),
         ));
     }
-    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
-    if let Some(first) = lengths.next() {
-        if lengths.any(|other| other != first) {
-            return Err(Refusal::BadRequest(
-                "conflicting Content-Length values".to_owned(),
-            ));
+    if scan.content_length {
+        let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+        if let Some(first) = lengths.next() {
+            if lengths.any(|other| other != first) {
+                return Err(Refusal::BadRequest(
+                    "conflicting Content-Length values".to_owned(),
+                ));
+            }
         }
     }
     request_host(request.uri(), headers, request.version())
@@ -753,6 +799,48 @@ mod tests {
             && text.parse::<http::uri::Authority>().is_ok_and(|authority| {
                 authority.as_str() == authority.host() || authority.port().is_some()
             })
+    }
+
+    proptest! {
+        /// The scan finds a name exactly when a lookup would, whatever else the request
+        /// carries, and counts every field, repeated ones too.
+        #[test]
+        fn the_field_scan_agrees_with_lookups(
+            fields in proptest::collection::vec(
+                (
+                    prop::sample::select(vec![
+                        "upgrade", "x-request-id", "content-length", "x-forwarded-for",
+                        "transfer-encoding", "host", "x-user-id", "x-forwarded-fo",
+                        "connection", "x-request-ids", "accept-encoding",
+                    ]),
+                    "[a-z0-9]{0,12}",
+                ),
+                0..12,
+            )
+        ) {
+            let mut headers = HeaderMap::new();
+            for (name, value) in &fields {
+                headers.append(*name, HeaderValue::from_str(value).unwrap());
+            }
+            let scan = FieldScan::of(&headers);
+            prop_assert_eq!(scan.upgrade, headers.contains_key(header::UPGRADE));
+            prop_assert_eq!(scan.request_id, headers.contains_key(X_REQUEST_ID));
+            prop_assert_eq!(scan.content_length, headers.contains_key(header::CONTENT_LENGTH));
+            prop_assert_eq!(scan.forwarded_for, headers.contains_key(X_FORWARDED_FOR));
+            prop_assert_eq!(
+                scan.transfer_encoding,
+                headers.contains_key(header::TRANSFER_ENCODING)
+            );
+            let bytes: usize = fields
+                .iter()
+                .map(|(name, value)| name.len() + value.len() + 4)
+                .sum();
+            prop_assert_eq!(scan.bytes, bytes);
+            prop_assert_eq!(
+                scan.forwarded_for(&headers).count(),
+                headers.get_all(X_FORWARDED_FOR).iter().count()
+            );
+        }
     }
 
     #[test]

@@ -126,8 +126,8 @@ impl Shared {
     }
 
     /// The client's `X-Request-Id` if it is reasonable, else a new one.
-    pub(crate) fn request_id(&self, headers: &http::HeaderMap) -> RequestId {
-        if let Some(id) = headers.get(gateway::X_REQUEST_ID) {
+    pub(crate) fn request_id(&self, client: Option<&HeaderValue>) -> RequestId {
+        if let Some(id) = client {
             if !id.is_empty() && id.len() <= 128 && id.to_str().is_ok() {
                 return RequestId::Client(id.clone());
             }

@@ -373,18 +373,16 @@ static REQUEST_ID: HeaderName = crate::gateway::X_REQUEST_ID;
 
 impl Forwarding {
     /// `peer` is the TCP peer's address as a header value (rendered once per connection);
-    /// `headers` are the client's, for its `X-Forwarded-For` chain.
-    pub fn new(
-        headers: &HeaderMap,
+    /// `forwarded_for` are the client's `X-Forwarded-For` values, the chain to extend.
+    pub fn new<'h>(
+        forwarded_for: impl Iterator<Item = &'h HeaderValue>,
         request_id: RequestId,
         peer: &HeaderValue,
         proto: &'static str,
         host: Option<&HeaderValue>,
     ) -> Forwarding {
         let mut chain = String::new();
-        for entry in headers
-            .get_all(&X_FORWARDED_FOR)
-            .iter()
+        for entry in forwarded_for
             .filter_map(|value| value.to_str().ok())
             .map(str::trim)
             .filter(|value| !value.is_empty())
@@ -487,7 +485,7 @@ mod tests {
         headers.append(crate::gateway::X_REQUEST_ID, "from-client".parse().unwrap());
         let host = HeaderValue::from_static("shop.example.com");
         let forwarding = Forwarding::new(
-            &headers,
+            headers.get_all(X_FORWARDED_FOR).iter(),
             RequestId::Client(HeaderValue::from_static("r-1")),
             &peer_header("::ffff:10.0.0.1".parse().unwrap()),
             "http",
@@ -522,7 +520,7 @@ mod tests {
     #[test]
     fn without_a_host_the_clients_host_fields_stay() {
         let forwarding = Forwarding::new(
-            &HeaderMap::new(),
+            std::iter::empty(),
             RequestId::Client(HeaderValue::from_static("r-1")),
             &HeaderValue::from_static("10.0.0.1"),
             "https",

@@ -369,24 +369,28 @@ fn parse_head(buffer: &[u8], method: &Method) -> Result<Option<(Head, usize)>, S
     } else {
         Version::HTTP_10
     };
-    // Room for the headers the gateway adds (request id, the three legacy rate-limit
-    // headers) without a rehash; no more, to keep the map small.
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 4);
+    // The gateway's own fields go beside the map (`respond::SetFields`), not into it.
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
     // The values are slices of one copy of the head, not one allocation each.
     let head = Bytes::copy_from_slice(&buffer[..length]);
+    // Noted on the way, so that a response without them is not searched for them.
+    let (mut transfer_encoding, mut connection) = (false, false);
     for field in parsed.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| format!("invalid response header name {:?}", field.name))?;
+        transfer_encoding |= name == header::TRANSFER_ENCODING;
+        connection |= name == header::CONNECTION;
         let start = field.value.as_ptr() as usize - buffer.as_ptr() as usize;
         let value = HeaderValue::from_maybe_shared(head.slice(start..start + field.value.len()))
             .map_err(|_| format!("invalid value of response header {name}"))?;
         headers.append(name, value);
     }
-    let (framing, reusable) = framing(status, method, &headers)?;
+    let (framing, reusable) = framing(status, method, &headers, transfer_encoding)?;
     let keep_alive = reusable
         && version == Version::HTTP_11
-        && !header_tokens(&headers, header::CONNECTION)
-            .any(|token| token.eq_ignore_ascii_case("close"));
+        && !(connection
+            && header_tokens(&headers, header::CONNECTION)
+                .any(|token| token.eq_ignore_ascii_case("close")));
     Ok(Some((
         Head {
             status,
@@ -400,11 +404,12 @@ fn parse_head(buffer: &[u8], method: &Method) -> Result<Option<(Head, usize)>, S
 }
 
 /// How the response body is delimited (RFC 9112 §6.3), and whether the connection can carry
-/// another request after it.
+/// another request after it. `transfer_encoding`: whether `headers` hold that field.
 fn framing(
     status: StatusCode,
     method: &Method,
     headers: &HeaderMap,
+    transfer_encoding: bool,
 ) -> Result<(Framing, bool), String> {
     if *method == Method::HEAD
         || status.is_informational()
@@ -413,7 +418,7 @@ fn framing(
     {
         return Ok((Framing::Empty, true));
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    if transfer_encoding {
         let chunked_last = header_tokens(headers, header::TRANSFER_ENCODING)
             .last()
             .is_some_and(|coding| coding.eq_ignore_ascii_case("chunked"));
@@ -865,7 +870,7 @@ mod tests {
             HeaderValue::from_static("chunked"),
         );
         let forwarding = Forwarding::new(
-            &headers,
+            std::iter::empty(),
             crate::RequestId::Client(HeaderValue::from_static("r-1")),
             &HeaderValue::from_static("10.0.0.1"),
             "http",
@@ -898,7 +903,7 @@ mod tests {
         headers.insert("x-kept", HeaderValue::from_static("yes"));
         let host = HeaderValue::from_static("shop.example");
         let forwarding = Forwarding::new(
-            &headers,
+            headers.get_all("x-forwarded-for").iter(),
             crate::RequestId::Client(HeaderValue::from_static("r-1")),
             &HeaderValue::from_static("10.0.0.1"),
             "http",

@@ -142,7 +142,7 @@ pub struct Decision {
     pub verdicts: Verdicts,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store call timed out")]
     Timeout,

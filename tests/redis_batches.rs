@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use futures_util::FutureExt;
@@ -14,15 +14,20 @@ use ipnet::IpNet;
 use tollgate::config::RedisSettings;
 use tollgate::limit::{
     AdaptiveParams, BucketKey, BucketRequest, Charge, Clock, Decision, KeyPart, RedisStore,
+    StoreError,
 };
 
 use common::redis_server::RedisServer;
 
 fn store(redis: &RedisServer, prefix: &str) -> RedisStore {
+    store_with_timeout(redis, prefix, Duration::from_secs(5))
+}
+
+fn store_with_timeout(redis: &RedisServer, prefix: &str, timeout: Duration) -> RedisStore {
     let settings = RedisSettings {
         nodes: vec![redis.url()],
         cluster: false,
-        timeout: Duration::from_secs(5),
+        timeout,
         prefix: prefix.to_owned(),
         ca_file: None,
     };
@@ -237,6 +242,49 @@ async fn a_request_given_up_before_its_batch_is_sent_is_not_charged() {
         (tokens - 2.0).abs() < 1e-6,
         "5 - 3 charges, not 4: {tokens}"
     );
+}
+
+/// Requests have no timer of their own: the calls keep their deadlines. One that waits for a
+/// call Redis never answers must still time out by its own deadline, neither waiting for that
+/// call and then a whole timeout more for its own, nor giving up before its time.
+#[tokio::test]
+async fn requests_queued_behind_a_silent_call_time_out_by_their_own_deadlines() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_secs(3);
+    let store = store_with_timeout(&redis, "silent:", timeout);
+    let only = || vec![bucket("net", Some(NETWORKS[0]), 5.0, 1.0)];
+    let warm_up = only();
+    assert!(store.decide(&warm_up).await.unwrap().admitted);
+    redis.cli(&["CLIENT", "PAUSE", "60000", "ALL"]);
+
+    let timed = |request: Vec<BucketRequest>| {
+        let store = &store;
+        async move {
+            let started = Instant::now();
+            let result = store.decide(&request).await;
+            (result, started.elapsed())
+        }
+    };
+    let first = timed(only());
+    let second = async {
+        // Queued while the first call is out: it would wait 1.5 s for that call to give up,
+        // then 3 s for its own.
+        tokio::time::sleep(timeout / 2).await;
+        timed(only()).await
+    };
+    let ((first, first_waited), (second, second_waited)) = tokio::join!(first, second);
+    for (result, waited) in [(first, first_waited), (second, second_waited)] {
+        // The connection's own response timeout, as long, may say so first.
+        assert!(
+            matches!(result, Err(StoreError::Timeout | StoreError::Redis(_))),
+            "{result:?}"
+        );
+        assert!(waited >= timeout, "gave up early: {waited:?}");
+        assert!(
+            waited < timeout * 5 / 4,
+            "waited past its deadline: {waited:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -185,16 +185,12 @@ impl RedisStore {
         if self.breaker.permit() == Permit::Refused {
             return Err(StoreError::Unavailable);
         }
-        let result = tokio::time::timeout(self.timeout, self.decide_in_redis(requests, keys)).await;
-        let (keys, decision) = match result {
-            Ok(Ok(decision)) => decision,
-            Ok(Err(error)) => {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let (keys, decision) = match self.decide_in_redis(requests, keys, deadline).await {
+            Ok(decision) => decision,
+            Err(error) => {
                 self.breaker.failure();
                 return Err(error);
-            }
-            Err(_) => {
-                self.breaker.failure();
-                return Err(StoreError::Timeout);
             }
         };
         self.breaker.success();
@@ -244,23 +240,28 @@ impl RedisStore {
         })
     }
 
-    /// Decides in Redis; gives the keys back with the decision.
+    /// Decides in Redis, or times out at `deadline`; gives the keys back with the decision.
     async fn decide_in_redis(
         &self,
         requests: &[BucketRequest],
         keys: Vec<String>,
+        deadline: tokio::time::Instant,
     ) -> Result<(Vec<String>, Decision), StoreError> {
         let manager = match &self.connection {
             Connection::Single(manager) => manager,
             Connection::Cluster(_) => {
-                let decision = self.decide_across_slots(requests, &keys).await?;
+                let decision =
+                    tokio::time::timeout_at(deadline, self.decide_across_slots(requests, &keys))
+                        .await
+                        .map_err(|_| StoreError::Timeout)??;
                 return Ok((keys, decision));
             }
         };
         let shape: Shape = requests.iter().map(BucketArguments::of).collect();
+        // The batcher keeps the deadline: no timer per request.
         let (keys, reply) = self
             .batcher
-            .decide(manager, &self.decide, keys, shape)
+            .decide(manager, &self.decide, keys, shape, deadline)
             .await;
         let reply = reply?;
         let verdicts = requests

@@ -7,6 +7,12 @@
 //!
 //! Each request is still decided in one indivisible step against all of its buckets, at the
 //! Redis server's time, exactly as a call of its own at that moment would decide it.
+//!
+//! Each request carries its deadline, and the sender keeps them with one timer per call, where
+//! a timer per request cost the request path more than the queue itself. A call is given up at
+//! the earliest deadline of its requests. Requests queue in the order of their deadlines (one
+//! timeout per store), so the calls they wait for end before their own deadlines, and the
+//! call they join gives up at the latest then: no request waits past its deadline.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -17,6 +23,7 @@ use redis::aio::ConnectionManager;
 use redis::Script;
 use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::{evaluate, Number};
 use crate::limit::{BucketRequest, StoreError};
@@ -215,6 +222,7 @@ impl ReplyReader<'_> {
 struct Queued {
     keys: Vec<String>,
     shape: Shape,
+    deadline: Instant,
     reply: oneshot::Sender<(Vec<String>, Result<RequestReply, StoreError>)>,
 }
 
@@ -244,13 +252,15 @@ impl Batcher {
         }
     }
 
-    /// Decides one request in the next batch; gives its keys back with the reply.
+    /// Decides one request in the next batch; gives its keys back with the reply, which is a
+    /// timeout if it is not there by `deadline`.
     pub(super) async fn decide(
         &self,
         connection: &ConnectionManager,
         script: &Script,
         keys: Vec<String>,
         shape: Shape,
+        deadline: Instant,
     ) -> (Vec<String>, Result<RequestReply, StoreError>) {
         let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
@@ -263,7 +273,13 @@ impl Batcher {
             sender
         });
         let (reply, replied) = oneshot::channel();
-        if let Err(refused) = queue.send(Queued { keys, shape, reply }) {
+        let queued = Queued {
+            keys,
+            shape,
+            deadline,
+            reply,
+        };
+        if let Err(refused) = queue.send(queued) {
             return (refused.0.keys, Err(gone()));
         }
         replied.await.unwrap_or_else(|_| (Vec::new(), Err(gone())))
@@ -315,30 +331,46 @@ async fn send_batches(
                 Err(_) => break,
             }
         }
-        // A request that stopped waiting (its timeout passed, and its route's failure policy
-        // decided it) is not charged.
+        // A request that stopped waiting (its client went away) is not charged.
         pending.retain(|queued| !queued.reply.is_closed());
         let may_send = in_flight.is_empty()
             || (in_flight.len() < CALLS_IN_FLIGHT && pending.len() >= SECOND_CALL_BATCH);
         if may_send && !pending.is_empty() {
-            sizes.observe(pending.len() as f64);
-            let batch = std::mem::take(&mut pending);
-            in_flight.push(call(connection.clone(), &script, batch));
+            // A request whose deadline passed as the call it waited for gave up (the same
+            // moment, give or take the timer's millisecond) is answered so, not sent.
+            let now = Instant::now();
+            let (batch, expired): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut pending)
+                .into_iter()
+                .partition(|queued| queued.deadline > now);
+            for queued in expired {
+                let _ = queued.reply.send((queued.keys, Err(StoreError::Timeout)));
+            }
+            if !batch.is_empty() {
+                sizes.observe(batch.len() as f64);
+                in_flight.push(call(connection.clone(), &script, batch));
+            }
         }
     }
 }
 
-/// One call for a batch; every request of it gets its own reply (or the call's error).
+/// One call for a batch; every request of it gets its own reply, or the call's error, or a
+/// timeout once the earliest deadline of the batch has passed (a request may so time out a
+/// little before its own deadline, never after).
 async fn call(mut connection: ConnectionManager, script: &Script, batch: Vec<Queued>) {
     let mut decide = DecideCall::new();
     for queued in &batch {
         decide.push(queued.keys.iter().map(String::as_str), &queued.shape);
     }
     let command = decide.command(script);
-    let replies = evaluate::<Vec<u8>>(script, &command, &mut connection)
-        .await
-        .map_err(|error| StoreError::Redis(error.to_string()))
-        .and_then(|reply| decide.parse_reply(&reply));
+    let Some(deadline) = batch.iter().map(|queued| queued.deadline).min() else {
+        return;
+    };
+    let evaluated = evaluate::<Vec<u8>>(script, &command, &mut connection);
+    let replies = match tokio::time::timeout_at(deadline, evaluated).await {
+        Ok(Ok(reply)) => decide.parse_reply(&reply),
+        Ok(Err(error)) => Err(StoreError::Redis(error.to_string())),
+        Err(_) => Err(StoreError::Timeout),
+    };
     match replies {
         Ok(replies) => {
             for (queued, reply) in batch.into_iter().zip(replies) {
@@ -346,11 +378,8 @@ async fn call(mut connection: ConnectionManager, script: &Script, batch: Vec<Que
             }
         }
         Err(error) => {
-            let message = error.to_string();
             for queued in batch {
-                let _ = queued
-                    .reply
-                    .send((queued.keys, Err(StoreError::Redis(message.clone()))));
+                let _ = queued.reply.send((queued.keys, Err(error.clone())));
             }
         }
     }

@@ -98,7 +98,8 @@ pub(crate) struct Shared {
     pub(crate) tls: ArcSwapOption<TlsAcceptor>,
     /// Connections and upgraded streams: shutdown waits for them.
     pub(crate) tasks: TaskTracker,
-    request_id_prefix: u64,
+    /// The first 16 of a generated request id's 32 hex digits, random per process.
+    request_id_prefix: [u8; 16],
     request_counter: AtomicU64,
 }
 
@@ -134,7 +135,7 @@ impl Shared {
         }
         let sequence = self.request_counter.fetch_add(1, Ordering::Relaxed);
         let mut hex = [0u8; 32];
-        write_hex(&self.request_id_prefix.to_be_bytes(), &mut hex[..16]);
+        hex[..16].copy_from_slice(&self.request_id_prefix);
         write_hex(&sequence.to_be_bytes(), &mut hex[16..]);
         RequestId::Made(hex)
     }
@@ -182,10 +183,19 @@ pub(crate) fn write_header_field(out: &mut bytes::BytesMut, name: &[u8], value: 
 
 /// `bytes` in lower-case hexadecimal, two digits per byte, into `digits`.
 pub(crate) fn write_hex(bytes: &[u8], digits: &mut [u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    // Both digits of a byte in one look-up: request ids and hashed keys are spelled per request.
+    const PAIRS: [[u8; 2]; 256] = {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut pairs = [[0u8; 2]; 256];
+        let mut byte = 0;
+        while byte < 256 {
+            pairs[byte] = [HEX[byte >> 4], HEX[byte & 0xf]];
+            byte += 1;
+        }
+        pairs
+    };
     for (pair, byte) in digits.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = HEX[usize::from(byte >> 4)];
-        pair[1] = HEX[usize::from(byte & 0xf)];
+        pair.copy_from_slice(&PAIRS[usize::from(*byte)]);
     }
 }
 
@@ -275,7 +285,11 @@ impl Tollgate {
                     .map(Arc::new),
             ),
             tasks: TaskTracker::new(),
-            request_id_prefix: u64::from_le_bytes(prefix),
+            request_id_prefix: {
+                let mut digits = [0u8; 16];
+                write_hex(&prefix, &mut digits);
+                digits
+            },
             request_counter: AtomicU64::new(0),
         });
         for warning in &policy.warnings {
@@ -502,6 +516,15 @@ async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_byte_is_spelled_as_two_lower_case_hex_digits() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let mut digits = vec![0u8; 512];
+        write_hex(&bytes, &mut digits);
+        let expected: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+        assert_eq!(String::from_utf8(digits).unwrap(), expected);
+    }
 
     #[test]
     fn request_ids_are_the_prefix_then_the_sequence_in_hexadecimal() {

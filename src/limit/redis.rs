@@ -23,6 +23,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::Script;
+use smallvec::SmallVec;
 
 mod batch;
 
@@ -162,19 +163,8 @@ impl RedisStore {
         self.breaker.is_open()
     }
 
-    /// The store key of a bucket: `<prefix><limit>:<key>`.
-    pub fn key(&self, key: &BucketKey) -> String {
-        let mut text = String::with_capacity(self.prefix.len() + key.limit.len() + 40);
-        text.push_str(&self.prefix);
-        key.push_to(&mut text);
-        text
-    }
-
     pub async fn decide(&self, requests: &[BucketRequest]) -> Result<Decision, StoreError> {
-        let keys: Vec<String> = requests
-            .iter()
-            .map(|request| self.key(&request.key))
-            .collect();
+        let keys = StoreKeys::new(&self.prefix, requests.iter().map(|request| &request.key));
         // One reading serves the deny cache's check and, as the time the call was sent (a
         // moment early, which only makes the cache more cautious), what it remembers.
         let sent = self.clock.now();
@@ -194,7 +184,7 @@ impl RedisStore {
             }
         };
         self.breaker.success();
-        for ((request, key), verdict) in requests.iter().zip(&keys).zip(&decision.verdicts) {
+        for ((request, key), verdict) in requests.iter().zip(keys.iter()).zip(&decision.verdicts) {
             if !verdict.sufficient {
                 self.deny_cache.remember(
                     key,
@@ -212,13 +202,13 @@ impl RedisStore {
     fn refuse_from_cache(
         &self,
         requests: &[BucketRequest],
-        keys: &[String],
+        keys: &StoreKeys,
         now: Timestamp,
     ) -> Option<Decision> {
         let mut refused = false;
         let verdicts: Verdicts = requests
             .iter()
-            .zip(keys)
+            .zip(keys.iter())
             .map(|(request, key)| {
                 let charge = &request.charge;
                 match charge
@@ -244,9 +234,9 @@ impl RedisStore {
     async fn decide_in_redis(
         &self,
         requests: &[BucketRequest],
-        keys: Vec<String>,
+        keys: StoreKeys,
         deadline: tokio::time::Instant,
-    ) -> Result<(Vec<String>, Decision), StoreError> {
+    ) -> Result<(StoreKeys, Decision), StoreError> {
         let manager = match &self.connection {
             Connection::Single(manager) => manager,
             Connection::Cluster(_) => {
@@ -283,9 +273,9 @@ impl RedisStore {
     async fn decide_across_slots(
         &self,
         requests: &[BucketRequest],
-        keys: &[String],
+        keys: &StoreKeys,
     ) -> Result<Decision, StoreError> {
-        let groups = group_by_slot(keys);
+        let groups = group_by_slot(keys.iter());
         let replies = join_all(
             groups
                 .iter()
@@ -336,7 +326,7 @@ impl RedisStore {
     async fn call_decide(
         &self,
         requests: &[BucketRequest],
-        keys: &[String],
+        keys: &StoreKeys,
         group: &[usize],
     ) -> Result<RequestReply, StoreError> {
         let shape: Shape = group
@@ -344,7 +334,7 @@ impl RedisStore {
             .map(|index| BucketArguments::of(&requests[*index]))
             .collect();
         let mut call = DecideCall::new();
-        call.push(group.iter().map(|index| keys[*index].as_str()), &shape);
+        call.push(group.iter().map(|index| &keys[*index]), &shape);
         let reply: Vec<u8> = self.send(&self.decide, &call.command(&self.decide)).await?;
         let mut replies = call.parse_reply(&reply)?;
         replies
@@ -355,7 +345,7 @@ impl RedisStore {
     /// Gives back the cost of each `(bucket, charge in force)`.
     async fn call_refund(
         &self,
-        keys: &[String],
+        keys: &StoreKeys,
         charged: Vec<(usize, Charge)>,
     ) -> Result<(), StoreError> {
         if charged.is_empty() {
@@ -383,13 +373,10 @@ impl RedisStore {
         if self.breaker.permit() == Permit::Refused {
             return Err(StoreError::Unavailable);
         }
-        let keys: Vec<String> = requests
-            .iter()
-            .map(|request| self.key(&request.key))
-            .collect();
+        let keys = StoreKeys::new(&self.prefix, requests.iter().map(|request| &request.key));
         let groups = match &self.connection {
             Connection::Single(_) => vec![(0..requests.len()).collect::<Vec<usize>>()],
-            Connection::Cluster(_) => group_by_slot(&keys),
+            Connection::Cluster(_) => group_by_slot(keys.iter()),
         };
         let calls = join_all(
             groups
@@ -422,7 +409,7 @@ impl RedisStore {
     async fn call_outcome(
         &self,
         requests: &[OutcomeRequest],
-        keys: &[String],
+        keys: &StoreKeys,
         group: &[usize],
     ) -> Result<Vec<String>, StoreError> {
         self.run_script(&self.outcome, keys, group, |command, position| {
@@ -455,7 +442,7 @@ impl RedisStore {
     async fn run_script<T: redis::FromRedisValue>(
         &self,
         script: &Script,
-        keys: &[String],
+        keys: &StoreKeys,
         group: &[usize],
         mut args: impl FnMut(&mut redis::Cmd, usize),
     ) -> Result<T, StoreError> {
@@ -536,10 +523,46 @@ impl RedisStore {
     }
 }
 
+/// A request's store keys, `<prefix><limit>:<key>` each, spelled into one string: one
+/// allocation per request rather than one per bucket.
+#[derive(Debug, Default)]
+pub(super) struct StoreKeys {
+    text: String,
+    /// Where each key ends in `text`.
+    ends: SmallVec<[usize; 4]>,
+}
+
+impl StoreKeys {
+    fn new<'k>(prefix: &str, keys: impl ExactSizeIterator<Item = &'k BucketKey>) -> StoreKeys {
+        let mut text = String::with_capacity(keys.len() * (prefix.len() + 56));
+        let ends = keys
+            .map(|key| {
+                text.push_str(prefix);
+                key.push_to(&mut text);
+                text.len()
+            })
+            .collect();
+        StoreKeys { text, ends }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &str> {
+        (0..self.ends.len()).map(|index| &self[index])
+    }
+}
+
+impl std::ops::Index<usize> for StoreKeys {
+    type Output = str;
+
+    fn index(&self, index: usize) -> &str {
+        let start = index.checked_sub(1).map_or(0, |before| self.ends[before]);
+        &self.text[start..self.ends[index]]
+    }
+}
+
 /// Indexes of `keys` grouped by Redis Cluster slot, in first-seen order.
-fn group_by_slot(keys: &[String]) -> Vec<Vec<usize>> {
+fn group_by_slot<'k>(keys: impl IntoIterator<Item = &'k str>) -> Vec<Vec<usize>> {
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (index, key) in keys.iter().enumerate() {
+    for (index, key) in keys.into_iter().enumerate() {
         let slot = slot(key.as_bytes());
         match groups
             .iter_mut()
@@ -626,6 +649,8 @@ mod tests {
     use super::*;
     use redis::ToRedisArgs;
 
+    use crate::limit::KeyPart;
+
     #[test]
     fn whole_numbers_go_to_redis_as_integers_and_the_rest_as_floats() {
         let text = |value: f64| String::from_utf8(Number(value).to_redis_args().remove(0)).unwrap();
@@ -635,6 +660,40 @@ mod tests {
         assert_eq!(text(0.25), "0.25");
         assert_eq!(text(2.5e-7), "2.5e-7");
         assert_eq!(text(1e300).parse::<f64>().unwrap(), 1e300);
+    }
+
+    #[test]
+    fn a_requests_store_keys_are_each_prefix_limit_and_key() {
+        let key = |limit: &str, parts: Vec<KeyPart>| BucketKey {
+            limit: std::sync::Arc::from(limit),
+            fingerprint: 7,
+            parts: parts.into_iter().collect(),
+        };
+        let keys = [
+            key("everyone", vec![]),
+            key(
+                "per_network",
+                vec![KeyPart::Network("203.0.113.0/24".parse().unwrap())],
+            ),
+            key(
+                "per_user",
+                vec![
+                    KeyPart::Digest([0xab; 16]),
+                    KeyPart::Network("2001:db8::/48".parse().unwrap()),
+                ],
+            ),
+        ];
+        let spelled = StoreKeys::new("tg:", keys.iter());
+        let expected = [
+            "tg:everyone:global".to_owned(),
+            "tg:per_network:v4:203.0.113.0/24".to_owned(),
+            format!("tg:per_user:h:{}|v6:2001:db8::/48", "ab".repeat(16)),
+        ];
+        assert_eq!(spelled.iter().collect::<Vec<_>>(), expected);
+        for (index, expected) in expected.iter().enumerate() {
+            assert_eq!(&spelled[index], expected);
+        }
+        assert_eq!(StoreKeys::new("tg:", [].iter()).iter().count(), 0);
     }
 
     #[test]
@@ -654,7 +713,9 @@ mod tests {
 
     #[test]
     fn groups_keep_order_within_a_slot() {
-        let keys = vec!["{a}1".to_owned(), "{b}1".to_owned(), "{a}2".to_owned()];
-        assert_eq!(group_by_slot(&keys), vec![vec![0, 2], vec![1]]);
+        assert_eq!(
+            group_by_slot(["{a}1", "{b}1", "{a}2"]),
+            vec![vec![0, 2], vec![1]]
+        );
     }
 }

@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::{evaluate, Number};
+use super::{evaluate, Number, StoreKeys};
 use crate::limit::{BucketRequest, StoreError};
 
 /// Requests per call at most: a script holds Redis while it runs.
@@ -220,10 +220,10 @@ impl ReplyReader<'_> {
 
 /// A decision waiting for its batch. Its keys travel with it and come back with the reply.
 struct Queued {
-    keys: Vec<String>,
+    keys: StoreKeys,
     shape: Shape,
     deadline: Instant,
-    reply: oneshot::Sender<(Vec<String>, Result<RequestReply, StoreError>)>,
+    reply: oneshot::Sender<(StoreKeys, Result<RequestReply, StoreError>)>,
 }
 
 /// The queue of decisions for one node, and the task that sends them (started on first use,
@@ -258,10 +258,10 @@ impl Batcher {
         &self,
         connection: &ConnectionManager,
         script: &Script,
-        keys: Vec<String>,
+        keys: StoreKeys,
         shape: Shape,
         deadline: Instant,
-    ) -> (Vec<String>, Result<RequestReply, StoreError>) {
+    ) -> (StoreKeys, Result<RequestReply, StoreError>) {
         let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
             tokio::spawn(send_batches(
@@ -282,7 +282,9 @@ impl Batcher {
         if let Err(refused) = queue.send(queued) {
             return (refused.0.keys, Err(gone()));
         }
-        replied.await.unwrap_or_else(|_| (Vec::new(), Err(gone())))
+        replied
+            .await
+            .unwrap_or_else(|_| (StoreKeys::default(), Err(gone())))
     }
 
     /// `decide.lua` calls made so far.
@@ -359,7 +361,7 @@ async fn send_batches(
 async fn call(mut connection: ConnectionManager, script: &Script, batch: Vec<Queued>) {
     let mut decide = DecideCall::new();
     for queued in &batch {
-        decide.push(queued.keys.iter().map(String::as_str), &queued.shape);
+        decide.push(queued.keys.iter(), &queued.shape);
     }
     let command = decide.command(script);
     let Some(deadline) = batch.iter().map(|queued| queued.deadline).min() else {

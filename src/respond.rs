@@ -254,17 +254,9 @@ pub fn too_many_requests(
         .fold(0.0, f64::max);
     let retry_after = retry_after_seconds(wait);
     let (content_type, body) = match mode {
-        HeaderMode::Legacy | HeaderMode::None => (
-            "application/json",
-            // The hottest answer under attack: written directly, not through a JSON value or
-            // the formatting machinery.
-            [
-                r#"{"error":"too_many_requests","retry_after":"#,
-                itoa::Buffer::new().format(retry_after),
-                "}",
-            ]
-            .concat(),
-        ),
+        HeaderMode::Legacy | HeaderMode::None => {
+            ("application/json", legacy_refusal_body(retry_after))
+        }
         HeaderMode::Ietf | HeaderMode::Both => {
             let violated: Vec<&str> = reports
                 .iter()
@@ -279,13 +271,37 @@ pub fn too_many_requests(
                 "error": "too_many_requests",
                 "retry_after": retry_after,
             });
-            ("application/problem+json", body.to_string())
+            ("application/problem+json", Bytes::from(body.to_string()))
         }
     };
     fields.set(&CONTENT_TYPE_NAME, FieldValue::Static(content_type));
     fields.set(&RETRY_AFTER_NAME, FieldValue::Number(retry_after));
     add_ratelimit_headers(fields, mode, reports);
-    without_fields(StatusCode::TOO_MANY_REQUESTS, body.into())
+    without_fields(StatusCode::TOO_MANY_REQUESTS, body)
+}
+
+/// `{"error":"too_many_requests","retry_after":N}`: the hottest answer under attack, written
+/// directly rather than through a JSON value, and kept per thread for the last `N` (a flood on
+/// one limit is refused with the same wait again and again), so that it is shared, not built.
+fn legacy_refusal_body(retry_after: u64) -> Bytes {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(u64, Bytes)>> = const { std::cell::RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((seconds, body)) if *seconds == retry_after => body.clone(),
+        _ => {
+            let body = Bytes::from(
+                [
+                    r#"{"error":"too_many_requests","retry_after":"#,
+                    itoa::Buffer::new().format(retry_after),
+                    "}",
+                ]
+                .concat(),
+            );
+            *last = Some((retry_after, body.clone()));
+            body
+        }
+    })
 }
 
 // As statics, so that `SetFields` can refer to them.
@@ -454,6 +470,15 @@ mod tests {
         assert_eq!(header(&response, "ratelimit-limit"), "5");
         assert_eq!(header(&response, "ratelimit-remaining"), "0");
         assert_eq!(header(&response, "ratelimit-reset"), "540");
+    }
+
+    #[test]
+    fn the_kept_refusal_body_always_names_its_own_wait() {
+        for retry_after in [60, 60, 1, 60, 120, 120, 0] {
+            let expected =
+                format!(r#"{{"error":"too_many_requests","retry_after":{retry_after}}}"#);
+            assert_eq!(legacy_refusal_body(retry_after), expected.as_bytes());
+        }
     }
 
     #[test]

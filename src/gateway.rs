@@ -30,7 +30,7 @@ use crate::limit::{
 };
 use crate::metrics::{Outcome, RouteMetrics, StatusClass};
 use crate::respond::{self, FieldValue, LimitReport, Refusal, SetFields};
-use crate::upstream::{self, ForwardError, OutgoingBody};
+use crate::upstream::{self, ForwardError, OutgoingBody, X_FORWARDED_FOR};
 use crate::{path, route, Body, RequestId, Runtime, Shared};
 
 /// A client request's body as the server hands it over.
@@ -579,10 +579,9 @@ struct AfterResponse<'a> {
     decider: Decider,
 }
 
-const X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
 pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
-/// As a static, for `SetFields`.
-static REQUEST_ID_NAME: http::HeaderName = X_REQUEST_ID;
+/// As a static, for `SetFields` and `upstream::Forwarding`, which hand out references to it.
+pub(crate) static REQUEST_ID_NAME: http::HeaderName = X_REQUEST_ID;
 
 /// Request-level checks before routing; returns the request's host (Host or :authority).
 /// What one pass over a request's fields finds: their size, and which of the fields the

@@ -21,6 +21,7 @@ use connection_pool::{ConnectionPool, PoolError};
 use smallvec::SmallVec;
 
 use crate::config::{Upstream, UpstreamTarget};
+use crate::gateway::REQUEST_ID_NAME;
 use crate::{tls, Body, RequestId};
 
 /// Requests with a body in memory up to this size take the gateway's own client, which writes
@@ -294,7 +295,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
@@ -369,7 +370,6 @@ static HOST: HeaderName = header::HOST;
 static FORWARDED_HOST: HeaderName = X_FORWARDED_HOST;
 static FORWARDED_FOR: HeaderName = X_FORWARDED_FOR;
 static FORWARDED_PROTO: HeaderName = X_FORWARDED_PROTO;
-static REQUEST_ID: HeaderName = crate::gateway::X_REQUEST_ID;
 
 impl Forwarding {
     /// `peer` is the TCP peer's address as a header value (rendered once per connection);
@@ -430,7 +430,7 @@ impl Forwarding {
         host.chain(forwarded_for)
             .chain([(&FORWARDED_PROTO, &self.proto)])
             .map(|(name, value)| (name, value.as_bytes()))
-            .chain([(&REQUEST_ID, self.request_id.as_bytes())])
+            .chain([(&REQUEST_ID_NAME, self.request_id.as_bytes())])
     }
 
     /// Puts the fields into `headers`, replacing the client's.

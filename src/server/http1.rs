@@ -587,7 +587,6 @@ mod tests {
     #[test]
     fn the_gateways_fields_replace_the_upstreams_of_the_same_name() {
         static LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-        static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
         let mut response = full(b"hello");
         let headers = response.headers_mut();
         headers.insert("ratelimit-limit", HeaderValue::from_static("7"));
@@ -596,7 +595,7 @@ mod tests {
         let mut fields = SetFields::default();
         fields.set(&LIMIT, FieldValue::Number(120));
         fields.set(
-            &REQUEST_ID,
+            &crate::gateway::REQUEST_ID_NAME,
             FieldValue::RequestId(RequestId::Made([b'a'; 32])),
         );
         let (text, _) = head_with(&response, &fields, false, false);

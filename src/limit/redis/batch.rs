@@ -341,11 +341,15 @@ async fn send_batches(
             // A request whose deadline passed as the call it waited for gave up (the same
             // moment, give or take the timer's millisecond) is answered so, not sent.
             let now = Instant::now();
-            let (batch, expired): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut pending)
-                .into_iter()
-                .partition(|queued| queued.deadline > now);
-            for queued in expired {
-                let _ = queued.reply.send((queued.keys, Err(StoreError::Timeout)));
+            let mut batch = std::mem::take(&mut pending);
+            // Queued in the order of their deadlines: when the first has not passed, none has.
+            if batch.first().is_some_and(|queued| queued.deadline <= now) {
+                let (live, expired): (Vec<Queued>, Vec<Queued>) =
+                    batch.into_iter().partition(|queued| queued.deadline > now);
+                for queued in expired {
+                    let _ = queued.reply.send((queued.keys, Err(StoreError::Timeout)));
+                }
+                batch = live;
             }
             if !batch.is_empty() {
                 sizes.observe(batch.len() as f64);

@@ -11,6 +11,7 @@ pub mod client_ip;
 pub mod config;
 pub mod demo;
 pub mod gateway;
+mod header_maps;
 pub mod key;
 pub mod limit;
 pub mod metrics;

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use http_body_util::{BodyExt, Full};
@@ -136,8 +136,13 @@ impl UpstreamPool {
                 if bytes.len() <= OWN_CLIENT_MAX_BODY
                     && !request.headers.contains_key(header::UPGRADE) =>
             {
-                self.exchange_buffered(request, &forwarding, path, &bytes, deadline)
-                    .await
+                let mut request = request;
+                let response = self
+                    .exchange_buffered(&mut request, &forwarding, path, &bytes, deadline)
+                    .await;
+                // Written out: the map can hold another request's head.
+                crate::header_maps::give_back(request.headers);
+                response
             }
             // Boxed: the common path's future stays small.
             body => {
@@ -155,7 +160,7 @@ impl UpstreamPool {
     /// can go to the next target when one refuses the connection), on the gateway's own client.
     async fn exchange_buffered(
         &self,
-        mut request: http::request::Parts,
+        request: &mut http::request::Parts,
         forwarding: &Forwarding,
         path: &str,
         body: &Bytes,
@@ -164,7 +169,6 @@ impl UpstreamPool {
         let order = self.order();
         let query = request.uri.query().map(|query| ["?", query]);
         let has_host = forwarding.sets_host() || request.headers.contains_key(header::HOST);
-        let mut encoded = BytesMut::new();
         let mut last_error = ForwardError::Connect("no upstream address".to_owned());
         for (attempt, index) in order.iter().enumerate() {
             let target = &self.settings.targets[*index];
@@ -173,20 +177,15 @@ impl UpstreamPool {
                     request.headers.insert(header::HOST, authority.clone());
                 }
             }
-            encoded.clear();
             let [separator, query] = query.unwrap_or_default();
-            http1::encode_request(
-                &request.method,
-                &[&target.base_path, path, separator, query],
-                &request.headers,
+            let outgoing = http1::OutgoingRequest {
+                method: &request.method,
+                target: [&target.base_path, path, separator, query],
+                headers: &request.headers,
                 forwarding,
                 body,
-                &mut encoded,
-            );
-            match self.pools[*index]
-                .send_buffered(&encoded, &request.method, deadline)
-                .await
-            {
+            };
+            match self.pools[*index].send_buffered(&outgoing, deadline).await {
                 Ok(response) => return Ok(response),
                 Err(error) => last_error = self.failed(*index, target, attempt, error)?,
             }

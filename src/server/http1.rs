@@ -132,6 +132,8 @@ where
             close,
             &mut out,
         );
+        // The head is written: the map can hold another response's.
+        crate::header_maps::give_back(parts.headers);
         let written = tokio::select! {
             written = write_body(io, &mut out, body, head.framing) => written,
             _ = watchdog.until_idle() => return Ending::Closed,
@@ -221,7 +223,7 @@ pub(super) fn parse_request(buffer: &mut BytesMut, max_head: usize) -> Parsed {
         return Parsed::HandOver;
     };
     // The gateway adds nothing to this map on the way upstream (see `upstream::Forwarding`).
-    let mut headers = HeaderMap::with_capacity(ranges.len());
+    let mut headers = crate::header_maps::take(ranges.len());
     for (name, value) in ranges {
         let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(&head[name]),

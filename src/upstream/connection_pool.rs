@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self as hyper_http1, SendRequest};
@@ -96,18 +95,18 @@ impl ConnectionPool {
         })
     }
 
-    /// Sends a request whose body is in memory, encoded by [`http1::encode_request`], and
+    /// Sends a request whose body is in memory and
     /// returns the response head, due by `deadline`. An idempotent request that a reused
     /// connection left unanswered (the upstream had just closed it) is sent again on a new
     /// connection.
     pub(crate) async fn send_buffered(
         &self,
-        request: &BytesMut,
-        method: &http::Method,
+        request: &http1::OutgoingRequest<'_>,
         deadline: tokio::time::Instant,
     ) -> Result<Response<Body>, PoolError> {
+        let method = request.method;
         if let Some(connection) = self.idle_own.checkout() {
-            match http1::exchange(connection, request, method, &self.idle_own, deadline).await {
+            match http1::exchange(connection, request, &self.idle_own, deadline).await {
                 Ok(response) => return Ok(response),
                 Err(failure)
                     if failure.unanswered && !failure.timed_out && method.is_idempotent() =>
@@ -121,7 +120,7 @@ impl ConnectionPool {
             .await
             .map_err(|_| PoolError::Timeout)??;
         let connection = http1::Connection::new(stream);
-        http1::exchange(connection, request, method, &self.idle_own, deadline)
+        http1::exchange(connection, request, &self.idle_own, deadline)
             .await
             .map_err(PoolError::from)
     }

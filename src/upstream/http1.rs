@@ -10,6 +10,7 @@
 //! response have to progress together.
 
 use std::io;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
@@ -20,6 +21,7 @@ use http::{Method, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
@@ -166,46 +168,51 @@ impl IdleConnections {
     }
 }
 
-/// Writes the request head and body of a request whose body is in memory, with the fields of
-/// `forwarding` in place of the client's. `target` is the origin-form request target; `Content-Length` is set from the body (and `Transfer-Encoding`
-/// never sent), so the framing is always the one the body really has.
-pub(crate) fn encode_request(
-    method: &Method,
-    target: &[&str],
-    headers: &HeaderMap,
-    forwarding: &Forwarding,
-    body: &[u8],
-    out: &mut BytesMut,
-) {
-    out.reserve(256 + body.len());
-    out.put_slice(method.as_str().as_bytes());
-    out.put_u8(b' ');
-    for piece in target {
-        out.put_slice(piece.as_bytes());
-    }
-    out.put_slice(b" HTTP/1.1\r\n");
-    let mut declared_length = false;
-    for (name, value) in headers {
-        if name == header::CONTENT_LENGTH {
-            declared_length = true;
-            continue;
+/// A request whose body is in memory, as it goes upstream: the client's fields with those
+/// of `forwarding` in place of theirs.
+pub(crate) struct OutgoingRequest<'a> {
+    pub(crate) method: &'a Method,
+    /// The origin-form request target, in pieces.
+    pub(crate) target: [&'a str; 4],
+    pub(crate) headers: &'a HeaderMap,
+    pub(crate) forwarding: &'a Forwarding,
+    pub(crate) body: &'a [u8],
+}
+
+impl OutgoingRequest<'_> {
+    /// Writes the request head and body. `Content-Length` is set from the body (and
+    /// `Transfer-Encoding` never sent), so the framing is always the one the body really has.
+    pub(crate) fn encode(&self, out: &mut BytesMut) {
+        out.reserve(256 + self.body.len());
+        out.put_slice(self.method.as_str().as_bytes());
+        out.put_u8(b' ');
+        for piece in self.target {
+            out.put_slice(piece.as_bytes());
         }
-        if name == header::TRANSFER_ENCODING || forwarding.replaces(name) {
-            continue;
+        out.put_slice(b" HTTP/1.1\r\n");
+        let mut declared_length = false;
+        for (name, value) in self.headers {
+            if name == header::CONTENT_LENGTH {
+                declared_length = true;
+                continue;
+            }
+            if name == header::TRANSFER_ENCODING || self.forwarding.replaces(name) {
+                continue;
+            }
+            write_header_field(out, name.as_str().as_bytes(), value.as_bytes());
         }
-        write_header_field(out, name.as_str().as_bytes(), value.as_bytes());
-    }
-    for (name, value) in forwarding.fields() {
-        write_header_field(out, name.as_str().as_bytes(), value);
-    }
-    let expects_body = matches!(*method, Method::POST | Method::PUT | Method::PATCH);
-    if !body.is_empty() || declared_length || expects_body {
-        out.put_slice(b"content-length: ");
-        out.put_slice(itoa::Buffer::new().format(body.len()).as_bytes());
+        for (name, value) in self.forwarding.fields() {
+            write_header_field(out, name.as_str().as_bytes(), value);
+        }
+        let expects_body = matches!(*self.method, Method::POST | Method::PUT | Method::PATCH);
+        if !self.body.is_empty() || declared_length || expects_body {
+            out.put_slice(b"content-length: ");
+            out.put_slice(itoa::Buffer::new().format(self.body.len()).as_bytes());
+            out.put_slice(b"\r\n");
+        }
         out.put_slice(b"\r\n");
+        out.put_slice(self.body);
     }
-    out.put_slice(b"\r\n");
-    out.put_slice(body);
 }
 
 /// Why an exchange produced no response.
@@ -229,17 +236,18 @@ impl Failure {
     }
 }
 
-/// Sends `request` (encoded by [`encode_request`]) on `connection` and reads the response head,
-/// which must be complete by `deadline`. The connection returns to `idle` once the response
+/// Sends `request` on `connection` and reads the response head, which must be complete by
+/// `deadline`. The request is encoded into the connection's read buffer, which is empty
+/// between exchanges: no buffer of its own to allocate. The connection returns to `idle` once the response
 /// body has been read, if both sides allow keep-alive.
 pub(crate) async fn exchange(
     mut connection: Connection,
-    request: &[u8],
-    method: &Method,
+    request: &OutgoingRequest<'_>,
     idle: &Arc<IdleConnections>,
     deadline: Instant,
 ) -> Result<Response<Body>, Failure> {
     connection.buffer.clear();
+    request.encode(&mut connection.buffer);
     connection.head_deadline.as_mut().reset(deadline);
     let Connection {
         stream,
@@ -248,7 +256,7 @@ pub(crate) async fn exchange(
     } = &mut connection;
     let head = tokio::select! {
         biased;
-        head = send_and_read_head(stream, buffer, request, method) => head?,
+        head = send_and_read_head(stream, buffer, request.method) => head?,
         () = head_deadline.as_mut() => {
             return Err(Failure {
                 timed_out: true,
@@ -262,8 +270,10 @@ pub(crate) async fn exchange(
     *response.headers_mut() = head.headers;
     let complete = match head.framing {
         Framing::Empty => Some(Bytes::new()),
+        // Split off, not copied: the response is written out (and dropped) before the
+        // connection is used again, which finds its buffer its own once more.
         Framing::Length(length) if length <= connection.buffer.len() as u64 => {
-            Some(take(&mut connection.buffer, length as usize))
+            Some(connection.buffer.split_to(length as usize).freeze())
         }
         _ => None,
     };
@@ -283,24 +293,24 @@ pub(crate) async fn exchange(
     Ok(response.map(|()| body.boxed()))
 }
 
-/// Writes the request and reads until a final response head (1xx responses are skipped).
+/// Writes the request in `buffer`, then reads into it until a final response head (1xx
+/// responses are skipped), which is taken out of it.
 async fn send_and_read_head(
     stream: &mut Stream,
     buffer: &mut BytesMut,
-    request: &[u8],
     method: &Method,
 ) -> Result<Head, Failure> {
     let written = async {
-        stream.write_all(request).await?;
+        stream.write_all(buffer).await?;
         stream.flush().await
     };
     if let Err(error) = written.await {
         return Err(Failure::new(true, format!("sending the request: {error}")));
     }
+    buffer.clear();
     loop {
         match parse_head(buffer, method) {
-            Ok(Some((head, length))) => {
-                buffer.advance(length);
+            Ok(Some(head)) => {
                 if head.status.is_informational() {
                     // 100 Continue, 103 Early Hints: the final answer follows.
                     continue;
@@ -344,8 +354,8 @@ struct Head {
 }
 
 /// Parses a response head from the start of `buffer`: `Ok(None)` until it is complete, then
-/// the head and its length in bytes.
-fn parse_head(buffer: &[u8], method: &Method) -> Result<Option<(Head, usize)>, String> {
+/// the head, taken out of the buffer.
+fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<Head>, String> {
     if buffer.is_empty() {
         return Ok(None);
     }
@@ -370,18 +380,24 @@ fn parse_head(buffer: &[u8], method: &Method) -> Result<Option<(Head, usize)>, S
         Version::HTTP_10
     };
     // The gateway's own fields go beside the map (`respond::SetFields`), not into it.
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
-    // The values are slices of one copy of the head, not one allocation each.
-    let head = Bytes::copy_from_slice(&buffer[..length]);
+    let mut headers = crate::header_maps::take(parsed.headers.len());
     // Noted on the way, so that a response without them is not searched for them.
     let (mut transfer_encoding, mut connection) = (false, false);
+    let base = buffer.as_ptr() as usize;
+    let mut values: SmallVec<[(HeaderName, Range<usize>); 16]> = SmallVec::new();
     for field in parsed.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| format!("invalid response header name {:?}", field.name))?;
         transfer_encoding |= name == header::TRANSFER_ENCODING;
         connection |= name == header::CONNECTION;
-        let start = field.value.as_ptr() as usize - buffer.as_ptr() as usize;
-        let value = HeaderValue::from_maybe_shared(head.slice(start..start + field.value.len()))
+        let start = field.value.as_ptr() as usize - base;
+        values.push((name, start..start + field.value.len()));
+    }
+    // The values are slices of the head, taken out of the buffer: no copy, no allocation
+    // each.
+    let head = buffer.split_to(length).freeze();
+    for (name, range) in values {
+        let value = HeaderValue::from_maybe_shared(head.slice(range))
             .map_err(|_| format!("invalid value of response header {name}"))?;
         headers.append(name, value);
     }
@@ -391,16 +407,13 @@ fn parse_head(buffer: &[u8], method: &Method) -> Result<Option<(Head, usize)>, S
         && !(connection
             && header_tokens(&headers, header::CONNECTION)
                 .any(|token| token.eq_ignore_ascii_case("close")));
-    Ok(Some((
-        Head {
-            status,
-            version,
-            headers,
-            framing,
-            keep_alive,
-        },
-        length,
-    )))
+    Ok(Some(Head {
+        status,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    }))
 }
 
 /// How the response body is delimited (RFC 9112 §6.3), and whether the connection can carry
@@ -761,8 +774,11 @@ mod tests {
         assert_eq!(decoder.at_end_of_stream(), Ok(Step::Done));
     }
 
+    /// The head parsed from `text`, and how many bytes of it that took.
     fn head(text: &str, method: &Method) -> Result<Option<(Head, usize)>, String> {
-        parse_head(text.as_bytes(), method)
+        let mut buffer = BytesMut::from(text);
+        let head = parse_head(&mut buffer, method)?;
+        Ok(head.map(|head| (head, text.len() - buffer.len())))
     }
 
     #[test]
@@ -877,14 +893,14 @@ mod tests {
             None,
         );
         let mut out = BytesMut::new();
-        encode_request(
-            &Method::POST,
-            &["/base", "/login?a=1"],
-            &headers,
-            &forwarding,
-            b"abc",
-            &mut out,
-        );
+        OutgoingRequest {
+            method: &Method::POST,
+            target: ["/base", "/login", "?", "a=1"],
+            headers: &headers,
+            forwarding: &forwarding,
+            body: b"abc",
+        }
+        .encode(&mut out);
         assert_eq!(
             &out[..],
             b"POST /base/login?a=1 HTTP/1.1\r\nhost: app\r\nx-forwarded-for: 10.0.0.1\r\n\
@@ -910,7 +926,14 @@ mod tests {
             Some(&host),
         );
         let mut out = BytesMut::new();
-        encode_request(&Method::GET, &["/"], &headers, &forwarding, b"", &mut out);
+        OutgoingRequest {
+            method: &Method::GET,
+            target: ["", "/", "", ""],
+            headers: &headers,
+            forwarding: &forwarding,
+            body: b"",
+        }
+        .encode(&mut out);
         assert_eq!(
             &out[..],
             b"GET / HTTP/1.1\r\nx-kept: yes\r\nhost: shop.example\r\n\

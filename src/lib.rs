@@ -7,6 +7,7 @@
 //! expose what happened.
 
 pub mod admin;
+mod body;
 pub mod client_ip;
 pub mod config;
 pub mod demo;
@@ -30,9 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use bytes::Bytes;
 use http::HeaderValue;
-use http_body_util::combinators::BoxBody;
 use prometheus::{Histogram, IntCounter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -49,8 +48,7 @@ use crate::overload::LoadMonitor;
 use crate::upstream::UpstreamPool;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// The body of every response tollgate sends and every request it forwards.
-pub type Body = BoxBody<Bytes, BoxError>;
+pub use body::Body;
 
 /// Everything a request reads that a reload replaces at once: requests in flight keep the
 /// `Runtime` they started with.

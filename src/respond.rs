@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+
 use smallvec::SmallVec;
 
 use crate::config::HeaderMode;
@@ -154,7 +154,7 @@ pub fn full(
 }
 
 fn without_fields(status: StatusCode, body: Bytes) -> Response<Body> {
-    let mut response = Response::new(Full::new(body).map_err(|never| match never {}).boxed());
+    let mut response = Response::new(Body::full(body));
     *response.status_mut() = status;
     response
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
-use http_body_util::{BodyExt, Full};
+
 use hyper::body::Incoming;
 
 mod connection_pool;
@@ -169,7 +169,8 @@ impl UpstreamPool {
         let order = self.order();
         let query = request.uri.query().map(|query| ["?", query]);
         let has_host = forwarding.sets_host() || request.headers.contains_key(header::HOST);
-        let mut last_error = ForwardError::Connect("no upstream address".to_owned());
+        // Spelled out only when no target answers: not an allocation per request.
+        let mut last_error = None;
         for (attempt, index) in order.iter().enumerate() {
             let target = &self.settings.targets[*index];
             if !has_host {
@@ -187,10 +188,10 @@ impl UpstreamPool {
             };
             match self.pools[*index].send_buffered(&outgoing, deadline).await {
                 Ok(response) => return Ok(response),
-                Err(error) => last_error = self.failed(*index, target, attempt, error)?,
+                Err(error) => last_error = Some(self.failed(*index, target, attempt, error)?),
             }
         }
-        Err(last_error)
+        Err(last_error.unwrap_or_else(no_target))
     }
 
     /// Tries the targets in round-robin order on hyper's client: for streamed bodies and
@@ -211,14 +212,12 @@ impl UpstreamPool {
         };
         let query = request.uri.query().map(str::to_owned);
         request.version = Version::HTTP_11;
-        let mut last_error = ForwardError::Connect("no upstream address".to_owned());
+        let mut last_error = None;
         for (attempt, index) in order.iter().enumerate() {
             let target = &self.settings.targets[*index];
             let outgoing = match body.take() {
-                Some(OutgoingBody::Buffered(bytes)) => {
-                    Full::new(bytes).map_err(|never| match never {}).boxed()
-                }
-                Some(OutgoingBody::Streamed(incoming)) => incoming.map_err(Into::into).boxed(),
+                Some(OutgoingBody::Buffered(bytes)) => Body::full(bytes),
+                Some(OutgoingBody::Streamed(incoming)) => Body::boxed(incoming),
                 None => break,
             };
             let retry = match &retry_body {
@@ -242,11 +241,11 @@ impl UpstreamPool {
                 .send(Request::from_parts(parts, outgoing))
                 .await
             {
-                Ok(response) => return Ok(response.map(|body| body.map_err(Into::into).boxed())),
-                Err(error) => last_error = self.failed(*index, target, attempt, error)?,
+                Ok(response) => return Ok(response.map(Body::boxed)),
+                Err(error) => last_error = Some(self.failed(*index, target, attempt, error)?),
             }
         }
-        Err(last_error)
+        Err(last_error.unwrap_or_else(no_target))
     }
 
     /// A target that refused the connection is passed over for a while and the next one is
@@ -274,6 +273,10 @@ impl UpstreamPool {
 }
 
 /// The origin-form URI sent to `target`: its base path, then the request's path and query.
+fn no_target() -> ForwardError {
+    ForwardError::Connect("no upstream address".to_owned())
+}
+
 fn target_uri(target: &UpstreamTarget, path: &str, query: Option<&str>) -> Uri {
     let base = &target.base_path;
     let text = match query {

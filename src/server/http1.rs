@@ -444,11 +444,7 @@ mod tests {
 
     /// A response whose body is all in memory.
     fn full(bytes: &'static [u8]) -> Response<Body> {
-        Response::new(
-            http_body_util::Full::new(Bytes::from_static(bytes))
-                .map_err(|never| match never {})
-                .boxed(),
-        )
+        Response::new(Body::full(Bytes::from_static(bytes)))
     }
 
     fn parse(text: &str) -> (Parsed, BytesMut) {
@@ -617,12 +613,9 @@ mod tests {
 
     #[test]
     fn a_body_of_unknown_length_is_chunked_and_headers_of_the_upstream_are_kept() {
-        let mut response = Response::new(
-            http_body_util::StreamBody::new(futures_util::stream::empty::<
-                Result<http_body::Frame<Bytes>, crate::BoxError>,
-            >())
-            .boxed(),
-        );
+        let mut response = Response::new(Body::boxed(http_body_util::StreamBody::new(
+            futures_util::stream::empty::<Result<http_body::Frame<Bytes>, crate::BoxError>>(),
+        )));
         *response.status_mut() = StatusCode::from_u16(599).unwrap();
         let headers = response.headers_mut();
         headers.insert(header::DATE, HeaderValue::from_static("then"));
@@ -674,9 +667,7 @@ mod tests {
         assert_eq!(written, b"HEAD\r\n5\r\nhello\r\n0\r\n\r\n");
         let mut written = Vec::new();
         let large = vec![b'x'; COPY_AT_MOST + 1];
-        let body = http_body_util::Full::new(Bytes::from(large.clone()))
-            .map_err(|never| match never {})
-            .boxed();
+        let body = Body::full(large.clone());
         write_body(
             &mut written,
             &mut BytesMut::from("HEAD\r\n"),

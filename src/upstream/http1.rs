@@ -19,7 +19,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
-use http_body_util::{BodyExt, Full};
+
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -281,8 +281,7 @@ pub(crate) async fn exchange(
         if head.keep_alive && connection.buffer.is_empty() {
             idle.checkin(connection);
         }
-        let body = Full::new(body).map_err(|never| match never {}).boxed();
-        return Ok(response.map(|()| body));
+        return Ok(response.map(|()| Body::full(body)));
     }
     let body = StreamingBody {
         connection: Some(connection),
@@ -290,7 +289,7 @@ pub(crate) async fn exchange(
         keep_alive: head.keep_alive,
         idle: idle.clone(),
     };
-    Ok(response.map(|()| body.boxed()))
+    Ok(response.map(|()| Body::boxed(body)))
 }
 
 /// Writes the request in `buffer`, then reads into it until a final response head (1xx

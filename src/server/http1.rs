@@ -60,6 +60,7 @@ where
 {
     let mut out = BytesMut::new();
     let mut fields = SetFields::default();
+    let mut names = KnownNames::default();
     // One wait for the shutdown signal for the connection's life, not one per request.
     let mut signal = shutdown.clone();
     let mut shutting_down = std::pin::pin!(signal.changed());
@@ -70,7 +71,7 @@ where
         let (request, keep_alive) = loop {
             // An empty buffer, the usual state between requests, holds nothing to parse.
             if !buffer.is_empty() {
-                match parse_request(buffer, guards.max_head_bytes) {
+                match parse_request(buffer, guards.max_head_bytes, &mut names) {
                     Parsed::Request {
                         request,
                         keep_alive,
@@ -165,8 +166,36 @@ pub(super) enum Parsed {
     HandOver,
 }
 
+/// The header names a connection's requests used, up to `KNOWN_NAMES`, each with its spelling
+/// on the wire: a client sends the same names, spelled the same, in every request, and a name
+/// found here is neither validated, lower-cased nor allocated again (every name that is not
+/// one of `http`'s standard ones costs an allocation).
+#[derive(Debug, Default)]
+pub(super) struct KnownNames(SmallVec<[(Box<[u8]>, HeaderName); KNOWN_NAMES]>);
+
+const KNOWN_NAMES: usize = 16;
+
+impl KnownNames {
+    fn name(&mut self, spelled: &[u8]) -> Option<HeaderName> {
+        // Compared as spelled, not ignoring case: one comparison of bytes, and the lengths
+        // tell most names apart before that.
+        if let Some((_, name)) = self.0.iter().find(|(known, _)| **known == *spelled) {
+            return Some(name.clone());
+        }
+        let name = HeaderName::from_bytes(spelled).ok()?;
+        if self.0.len() < KNOWN_NAMES {
+            self.0.push((spelled.into(), name.clone()));
+        }
+        Some(name)
+    }
+}
+
 /// Parses the request head at the start of `buffer`.
-pub(super) fn parse_request(buffer: &mut BytesMut, max_head: usize) -> Parsed {
+pub(super) fn parse_request(
+    buffer: &mut BytesMut,
+    max_head: usize,
+    names: &mut KnownNames,
+) -> Parsed {
     let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut []);
     let config = httparse::ParserConfig::default();
@@ -225,8 +254,8 @@ pub(super) fn parse_request(buffer: &mut BytesMut, max_head: usize) -> Parsed {
     // The gateway adds nothing to this map on the way upstream (see `upstream::Forwarding`).
     let mut headers = crate::header_maps::take(ranges.len());
     for (name, value) in ranges {
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(&head[name]),
+        let (Some(name), Ok(value)) = (
+            names.name(&head[name]),
             HeaderValue::from_maybe_shared(head.slice(value)),
         ) else {
             return Parsed::HandOver;
@@ -449,7 +478,10 @@ mod tests {
 
     fn parse(text: &str) -> (Parsed, BytesMut) {
         let mut buffer = BytesMut::from(text);
-        (parse_request(&mut buffer, 8192), buffer)
+        (
+            parse_request(&mut buffer, 8192, &mut KnownNames::default()),
+            buffer,
+        )
     }
 
     fn request(text: &str) -> (Request<RequestBody>, bool, BytesMut) {
@@ -483,6 +515,31 @@ mod tests {
     }
 
     #[test]
+    fn names_a_connection_used_before_are_reused_as_spelled() {
+        let mut names = KnownNames::default();
+        let first = names.name(b"X-User-Id").unwrap();
+        assert_eq!(first.as_str(), "x-user-id");
+        let again = names.name(b"X-User-Id").unwrap();
+        assert_eq!(again, first);
+        assert_eq!(
+            again.as_str().as_ptr(),
+            first.as_str().as_ptr(),
+            "the kept name, not a new one"
+        );
+        assert_eq!(names.0.len(), 1);
+        let other_case = names.name(b"x-USER-id").unwrap();
+        assert_eq!(other_case, first, "the same name, spelled otherwise");
+        assert_eq!(names.0.len(), 2);
+        assert!(names.name(b"bad name").is_none());
+        assert!(names.name(b"x-user-i").is_some_and(|name| name != first));
+        for index in 0..2 * KNOWN_NAMES {
+            let name = format!("x-{index}");
+            assert_eq!(names.name(name.as_bytes()).unwrap().as_str(), name);
+        }
+        assert_eq!(names.0.len(), KNOWN_NAMES, "no more than that are kept");
+    }
+
+    #[test]
     fn connection_close_ends_keep_alive_and_an_empty_length_is_bodyless() {
         let (_, keep_alive, _) =
             request("DELETE /x HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Close\r\n\r\n");
@@ -501,10 +558,13 @@ mod tests {
         ));
         assert!(matches!(parse("").0, Parsed::Partial));
         let mut long = BytesMut::from(format!("GET / HTTP/1.1\r\nX: {}", "a".repeat(200)).as_str());
-        assert!(matches!(parse_request(&mut long, 100), Parsed::HandOver));
+        assert!(matches!(
+            parse_request(&mut long, 100, &mut KnownNames::default()),
+            Parsed::HandOver
+        ));
         let mut complete_but_long = BytesMut::from("GET / HTTP/1.1\r\nX: aaaaaaaaaa\r\n\r\n");
         assert!(matches!(
-            parse_request(&mut complete_but_long, 20),
+            parse_request(&mut complete_but_long, 20, &mut KnownNames::default()),
             Parsed::HandOver
         ));
     }

@@ -37,8 +37,10 @@ const MAX_HEADERS: usize = 128;
 const MAX_LINE_BYTES: usize = 8 * 1024;
 /// What one read asks the kernel for, at least.
 const READ_SIZE: usize = 8 * 1024;
-/// Body pieces up to this size are copied out of the read buffer, which then stays the
-/// connection's own (larger ones are split off without a copy).
+/// Pieces of a body read as the client takes it, up to this size, are copied out of the read
+/// buffer, which then stays the connection's own while the piece is still being written
+/// (larger ones are split off without a copy). A body that came with its head is split off
+/// whole: it is written out before the connection is used again.
 const COPY_AT_MOST: usize = 4 * 1024;
 
 /// The byte stream to one upstream address.

@@ -13,6 +13,7 @@ pub mod config;
 pub mod demo;
 pub mod gateway;
 mod header_maps;
+mod header_names;
 pub mod key;
 pub mod limit;
 pub mod metrics;

@@ -14,7 +14,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 use futures_util::FutureExt;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -24,6 +24,7 @@ use tokio::sync::watch;
 
 use super::{ConnectionGuards, Watchdog};
 use crate::gateway::{Connection, Gateway, RequestBody};
+use crate::header_names::KnownNames;
 use crate::respond::SetFields;
 use crate::upstream::header_tokens;
 use crate::{write_header_field, Body};
@@ -164,30 +165,6 @@ pub(super) enum Parsed {
     Partial,
     /// Not for this path: hyper takes the connection.
     HandOver,
-}
-
-/// The header names a connection's requests used, up to `KNOWN_NAMES`, each with its spelling
-/// on the wire: a client sends the same names, spelled the same, in every request, and a name
-/// found here is neither validated, lower-cased nor allocated again (every name that is not
-/// one of `http`'s standard ones costs an allocation).
-#[derive(Debug, Default)]
-pub(super) struct KnownNames(SmallVec<[(Box<[u8]>, HeaderName); KNOWN_NAMES]>);
-
-const KNOWN_NAMES: usize = 16;
-
-impl KnownNames {
-    fn name(&mut self, spelled: &[u8]) -> Option<HeaderName> {
-        // Compared as spelled, not ignoring case: one comparison of bytes, and the lengths
-        // tell most names apart before that.
-        if let Some((_, name)) = self.0.iter().find(|(known, _)| **known == *spelled) {
-            return Some(name.clone());
-        }
-        let name = HeaderName::from_bytes(spelled).ok()?;
-        if self.0.len() < KNOWN_NAMES {
-            self.0.push((spelled.into(), name.clone()));
-        }
-        Some(name)
-    }
 }
 
 /// Parses the request head at the start of `buffer`.
@@ -515,31 +492,6 @@ mod tests {
     }
 
     #[test]
-    fn names_a_connection_used_before_are_reused_as_spelled() {
-        let mut names = KnownNames::default();
-        let first = names.name(b"X-User-Id").unwrap();
-        assert_eq!(first.as_str(), "x-user-id");
-        let again = names.name(b"X-User-Id").unwrap();
-        assert_eq!(again, first);
-        assert_eq!(
-            again.as_str().as_ptr(),
-            first.as_str().as_ptr(),
-            "the kept name, not a new one"
-        );
-        assert_eq!(names.0.len(), 1);
-        let other_case = names.name(b"x-USER-id").unwrap();
-        assert_eq!(other_case, first, "the same name, spelled otherwise");
-        assert_eq!(names.0.len(), 2);
-        assert!(names.name(b"bad name").is_none());
-        assert!(names.name(b"x-user-i").is_some_and(|name| name != first));
-        for index in 0..2 * KNOWN_NAMES {
-            let name = format!("x-{index}");
-            assert_eq!(names.name(name.as_bytes()).unwrap().as_str(), name);
-        }
-        assert_eq!(names.0.len(), KNOWN_NAMES, "no more than that are kept");
-    }
-
-    #[test]
     fn connection_close_ends_keep_alive_and_an_empty_length_is_bodyless() {
         let (_, keep_alive, _) =
             request("DELETE /x HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Close\r\n\r\n");
@@ -644,7 +596,7 @@ mod tests {
 
     #[test]
     fn the_gateways_fields_replace_the_upstreams_of_the_same_name() {
-        static LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+        static LIMIT: header::HeaderName = header::HeaderName::from_static("ratelimit-limit");
         let mut response = full(b"hello");
         let headers = response.headers_mut();
         headers.insert("ratelimit-limit", HeaderValue::from_static("7"));

@@ -28,6 +28,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::client::TlsStream;
 
 use super::{header_tokens, Forwarding};
+use crate::header_names::KnownNames;
 use crate::{write_header_field, Body, BoxError};
 
 /// A response head larger than this is refused.
@@ -106,6 +107,8 @@ pub(crate) struct Connection {
     /// to a later deadline is one atomic update, where a timer per request would be inserted
     /// into and removed from the runtime's timer wheel each time.
     head_deadline: Pin<Box<Sleep>>,
+    /// The header names this upstream's responses used.
+    names: KnownNames,
 }
 
 impl Connection {
@@ -115,6 +118,7 @@ impl Connection {
             buffer: BytesMut::with_capacity(READ_SIZE),
             // Not registered until polled; every exchange sets its own deadline first.
             head_deadline: Box::pin(tokio::time::sleep_until(Instant::now())),
+            names: KnownNames::default(),
         }
     }
 
@@ -255,10 +259,11 @@ pub(crate) async fn exchange(
         stream,
         buffer,
         head_deadline,
+        names,
     } = &mut connection;
     let head = tokio::select! {
         biased;
-        head = send_and_read_head(stream, buffer, request.method) => head?,
+        head = send_and_read_head(stream, buffer, names, request.method) => head?,
         () = head_deadline.as_mut() => {
             return Err(Failure {
                 timed_out: true,
@@ -299,6 +304,7 @@ pub(crate) async fn exchange(
 async fn send_and_read_head(
     stream: &mut Stream,
     buffer: &mut BytesMut,
+    names: &mut KnownNames,
     method: &Method,
 ) -> Result<Head, Failure> {
     let written = async {
@@ -310,7 +316,7 @@ async fn send_and_read_head(
     }
     buffer.clear();
     loop {
-        match parse_head(buffer, method) {
+        match parse_head(buffer, names, method) {
             Ok(Some(head)) => {
                 if head.status.is_informational() {
                     // 100 Continue, 103 Early Hints: the final answer follows.
@@ -356,7 +362,11 @@ struct Head {
 
 /// Parses a response head from the start of `buffer`: `Ok(None)` until it is complete, then
 /// the head, taken out of the buffer.
-fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<Head>, String> {
+fn parse_head(
+    buffer: &mut BytesMut,
+    names: &mut KnownNames,
+    method: &Method,
+) -> Result<Option<Head>, String> {
     if buffer.is_empty() {
         return Ok(None);
     }
@@ -386,13 +396,20 @@ fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<Head>, St
     let (mut transfer_encoding, mut connection) = (false, false);
     let base = buffer.as_ptr() as usize;
     let mut values: SmallVec<[(HeaderName, Range<usize>); 16]> = SmallVec::new();
+    // Where the `Content-Length` values lie, so that the framing needs no look-up.
+    let mut content_lengths: SmallVec<[Range<usize>; 2]> = SmallVec::new();
     for field in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| format!("invalid response header name {:?}", field.name))?;
+        let name = names
+            .name(field.name.as_bytes())
+            .ok_or_else(|| format!("invalid response header name {:?}", field.name))?;
         transfer_encoding |= name == header::TRANSFER_ENCODING;
         connection |= name == header::CONNECTION;
         let start = field.value.as_ptr() as usize - base;
-        values.push((name, start..start + field.value.len()));
+        let range = start..start + field.value.len();
+        if name == header::CONTENT_LENGTH {
+            content_lengths.push(range.clone());
+        }
+        values.push((name, range));
     }
     // The values are slices of the head, taken out of the buffer: no copy, no allocation
     // each.
@@ -402,7 +419,9 @@ fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<Head>, St
             .map_err(|_| format!("invalid value of response header {name}"))?;
         headers.append(name, value);
     }
-    let (framing, reusable) = framing(status, method, &headers, transfer_encoding)?;
+    let content_lengths = content_lengths.into_iter().map(|range| &head[range]);
+    let (framing, reusable) =
+        framing(status, method, &headers, transfer_encoding, content_lengths)?;
     let keep_alive = reusable
         && version == Version::HTTP_11
         && !(connection
@@ -418,13 +437,16 @@ fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<Head>, St
 }
 
 /// How the response body is delimited (RFC 9112 §6.3), and whether the connection can carry
-/// another request after it. `transfer_encoding`: whether `headers` hold that field.
-fn framing(
+/// another request after it. `transfer_encoding`: whether `headers` hold that field;
+/// `content_lengths`: the values of their `Content-Length` fields.
+fn framing<'v>(
     status: StatusCode,
     method: &Method,
     headers: &HeaderMap,
     transfer_encoding: bool,
+    content_lengths: impl Iterator<Item = &'v [u8]>,
 ) -> Result<(Framing, bool), String> {
+    let mut content_lengths = content_lengths.peekable();
     if *method == Method::HEAD
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -438,7 +460,7 @@ fn framing(
             .is_some_and(|coding| coding.eq_ignore_ascii_case("chunked"));
         // With a Content-Length beside it, or another coding last, the message is suspect:
         // read it as the transfer coding says and do not reuse the connection.
-        let clean = chunked_last && !headers.contains_key(header::CONTENT_LENGTH);
+        let clean = chunked_last && content_lengths.peek().is_none();
         let framing = if chunked_last {
             Framing::Chunked
         } else {
@@ -447,8 +469,8 @@ fn framing(
         return Ok((framing, clean));
     }
     let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for piece in value.as_bytes().split(|byte| *byte == b',') {
+    for value in content_lengths {
+        for piece in value.split(|byte| *byte == b',') {
             let piece = piece.trim_ascii();
             let parsed = (!piece.is_empty() && piece.iter().all(u8::is_ascii_digit))
                 .then(|| std::str::from_utf8(piece).ok()?.parse::<u64>().ok())
@@ -778,7 +800,7 @@ mod tests {
     /// The head parsed from `text`, and how many bytes of it that took.
     fn head(text: &str, method: &Method) -> Result<Option<(Head, usize)>, String> {
         let mut buffer = BytesMut::from(text);
-        let head = parse_head(&mut buffer, method)?;
+        let head = parse_head(&mut buffer, &mut KnownNames::default(), method)?;
         Ok(head.map(|head| (head, text.len() - buffer.len())))
     }
 
@@ -847,6 +869,40 @@ mod tests {
             ),
             (Framing::Length(7), true)
         );
+    }
+
+    #[test]
+    fn a_connections_later_responses_are_framed_by_the_names_it_kept() {
+        let mut names = KnownNames::default();
+        for (text, length) in [
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\n\r\n",
+                Some(2),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 2\r\n\r\n",
+                Some(5),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nCONTENT-LENGTH: 7\r\nx-a: 3\r\n\r\n",
+                Some(7),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\n",
+                None,
+            ),
+        ] {
+            let mut buffer = BytesMut::from(text);
+            let parsed = parse_head(&mut buffer, &mut names, &Method::GET);
+            let Some(length) = length else {
+                assert!(parsed.is_err(), "conflicting lengths in {text:?}");
+                continue;
+            };
+            let parsed = parsed.unwrap().unwrap();
+            assert_eq!(parsed.framing, Framing::Length(length));
+            assert_eq!(parsed.headers.get_all("x-a").iter().count(), 1);
+            assert!(buffer.is_empty(), "the head is taken out of the buffer");
+        }
     }
 
     #[test]

@@ -9,7 +9,8 @@ use http::HeaderMap;
 /// Spare maps kept per thread at most: enough for the requests one thread has in flight.
 const SPARE_MAPS: usize = 256;
 /// Maps that grew beyond this many fields are freed, not kept: a rare huge head would
-/// otherwise pin its memory for good.
+/// otherwise pin its memory for good. (Repeated values of one name are bounded apart: the own
+/// paths parse at most 100 request and 128 response fields.)
 const KEEP_CAPACITY_AT_MOST: usize = 64;
 
 thread_local! {

@@ -7,6 +7,9 @@ use http::HeaderName;
 
 /// Names kept per connection at most.
 const KNOWN_NAMES: usize = 16;
+/// Longer names are not kept: a client could otherwise make each connection hold 16 names as
+/// long as a head may be, for the connection's life. Real names are far shorter.
+const KEEP_NAMES_UP_TO: usize = 64;
 
 /// The names one connection's messages used, up to `KNOWN_NAMES`, each with its spelling on
 /// the wire. On the heap (one allocation per connection): a pooled upstream connection is
@@ -23,7 +26,7 @@ impl KnownNames {
             return Some(name.clone());
         }
         let name = HeaderName::from_bytes(spelled).ok()?;
-        if self.0.len() < KNOWN_NAMES {
+        if self.0.len() < KNOWN_NAMES && spelled.len() <= KEEP_NAMES_UP_TO {
             self.0.push((spelled.into(), name.clone()));
         }
         Some(name)
@@ -51,6 +54,9 @@ mod tests {
         assert_eq!(other_case, first, "the same name, spelled otherwise");
         assert_eq!(names.0.len(), 2);
         assert!(names.name(b"bad name").is_none());
+        let long = "x".repeat(KEEP_NAMES_UP_TO + 1);
+        assert_eq!(names.name(long.as_bytes()).unwrap().as_str(), long);
+        assert_eq!(names.0.len(), 2, "a long name is not kept");
         assert!(names.name(b"x-user-i").is_some_and(|name| name != first));
         for index in 0..2 * KNOWN_NAMES {
             let name = format!("x-{index}");

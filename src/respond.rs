@@ -5,7 +5,6 @@
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
-
 use smallvec::SmallVec;
 
 use crate::config::HeaderMode;

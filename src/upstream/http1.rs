@@ -19,7 +19,6 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
-
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -244,8 +243,8 @@ impl Failure {
 
 /// Sends `request` on `connection` and reads the response head, which must be complete by
 /// `deadline`. The request is encoded into the connection's read buffer, which is empty
-/// between exchanges: no buffer of its own to allocate. The connection returns to `idle` once the response
-/// body has been read, if both sides allow keep-alive.
+/// between exchanges: no buffer of its own to allocate. The connection returns to `idle` once
+/// the response body has been read, if both sides allow keep-alive.
 pub(crate) async fn exchange(
     mut connection: Connection,
     request: &OutgoingRequest<'_>,

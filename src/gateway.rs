@@ -395,6 +395,8 @@ impl Gateway {
                 exchange.limit = Some(refusing.join(","));
             }
             tracing::debug!(route = %route.name, limits = %refusing.join(","), "refused");
+            // Refusals come in floods: the request's map can hold the next request's head.
+            crate::header_maps::give_back(parts.headers);
             return (
                 Outcome::Limited,
                 respond::too_many_requests(header_mode, &reports, fields),

@@ -8,6 +8,7 @@
 #   TOP=40 bench/instructions.sh     # and the 40 functions with the most instructions (inclusive)
 #   STORE=redis bench/instructions.sh    # row 5: the Redis store (starts its own redis-server)
 #   REFUSING=1 bench/instructions.sh     # row 6b: every request refused (429)
+#   MORE_FIELDS=1 bench/instructions.sh  # six more non-standard header fields per request
 #   PROXY=nginx bench/instructions.sh    # nginx with limit_req (row 3) under the same load, for a
 #                                        # ratio that does not swing; with REFUSING=1: row 6a
 #   DUMP=/tmp/x.callgrind bench/instructions.sh   # and keep callgrind's profile there, for
@@ -87,8 +88,15 @@ gateway=$!
 pids+=("$gateway")
 wait_for_port "$port"
 
+fields=(-H 'x-user-id: bench-user')
+if [[ -n "${MORE_FIELDS:-}" ]]; then
+  # What a browser's fetch adds, none of them among `http`'s standard names.
+  fields+=(-H 'sec-fetch-site: same-origin' -H 'sec-fetch-mode: cors' -H 'sec-fetch-dest: empty'
+    -H 'sec-ch-ua-platform: Linux' -H 'x-requested-with: XMLHttpRequest'
+    -H 'x-client-version: 1.2.3')
+fi
 load() {
-  taskset -c 0 wrk -t1 -c8 -d"$1" -H 'x-user-id: bench-user' "http://127.0.0.1:$port/"
+  taskset -c 0 wrk -t1 -c8 -d"$1" "${fields[@]}" "http://127.0.0.1:$port/"
 }
 load 3s >/dev/null # warm-up: connections, pools, caches
 callgrind_control --zero "$gateway" >/dev/null

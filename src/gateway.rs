@@ -585,7 +585,6 @@ pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static(
 /// As a static, for `SetFields` and `upstream::Forwarding`, which hand out references to it.
 pub(crate) static REQUEST_ID_NAME: http::HeaderName = X_REQUEST_ID;
 
-/// Request-level checks before routing; returns the request's host (Host or :authority).
 /// What one pass over a request's fields finds: their size, and which of the fields the
 /// request path looks up by name the request carries. Most requests carry none of them, and
 /// looking up a missing name still costs a hash and a probe.
@@ -628,6 +627,7 @@ impl FieldScan {
     }
 }
 
+/// Request-level checks before routing; returns the request's host (Host or :authority).
 fn check_request<B>(
     request: &Request<B>,
     scan: &FieldScan,

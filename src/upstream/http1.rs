@@ -932,6 +932,25 @@ mod tests {
         assert!(head(&many, &Method::GET).is_err());
     }
 
+    fn encoded(
+        method: &Method,
+        target: [&str; 4],
+        headers: &HeaderMap,
+        forwarding: &Forwarding,
+        body: &[u8],
+    ) -> BytesMut {
+        let mut out = BytesMut::new();
+        OutgoingRequest {
+            method,
+            target,
+            headers,
+            forwarding,
+            body,
+        }
+        .encode(&mut out);
+        out
+    }
+
     #[test]
     fn requests_carry_the_length_of_their_body_only() {
         let mut headers = HeaderMap::new();
@@ -948,15 +967,13 @@ mod tests {
             "http",
             None,
         );
-        let mut out = BytesMut::new();
-        OutgoingRequest {
-            method: &Method::POST,
-            target: ["/base", "/login", "?", "a=1"],
-            headers: &headers,
-            forwarding: &forwarding,
-            body: b"abc",
-        }
-        .encode(&mut out);
+        let out = encoded(
+            &Method::POST,
+            ["/base", "/login", "?", "a=1"],
+            &headers,
+            &forwarding,
+            b"abc",
+        );
         assert_eq!(
             &out[..],
             b"POST /base/login?a=1 HTTP/1.1\r\nhost: app\r\nx-forwarded-for: 10.0.0.1\r\n\
@@ -981,15 +998,7 @@ mod tests {
             "http",
             Some(&host),
         );
-        let mut out = BytesMut::new();
-        OutgoingRequest {
-            method: &Method::GET,
-            target: ["", "/", "", ""],
-            headers: &headers,
-            forwarding: &forwarding,
-            body: b"",
-        }
-        .encode(&mut out);
+        let out = encoded(&Method::GET, ["", "/", "", ""], &headers, &forwarding, b"");
         assert_eq!(
             &out[..],
             b"GET / HTTP/1.1\r\nx-kept: yes\r\nhost: shop.example\r\n\

@@ -123,10 +123,10 @@ impl Unrouted {
 
 /// Counts a request in `tollgate_inflight_requests` until dropped, even when the client goes
 /// away and the request's future is dropped half-way.
-struct InFlightRequest<'a>(&'a prometheus::IntGauge);
+struct InFlightRequest<'a>(&'a crate::metrics::IntGauge);
 
 impl<'a> InFlightRequest<'a> {
-    fn new(gauge: &'a prometheus::IntGauge) -> InFlightRequest<'a> {
+    fn new(gauge: &'a crate::metrics::IntGauge) -> InFlightRequest<'a> {
         gauge.inc();
         InFlightRequest(gauge)
     }

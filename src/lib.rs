@@ -33,7 +33,8 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use http::HeaderValue;
-use prometheus::{Histogram, IntCounter};
+use metrics::Histogram;
+use prometheus::IntCounter;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;

@@ -4,11 +4,15 @@
 //! Request-path handles are resolved once per policy ([`RouteMetrics`]), so a request
 //! increments counters without looking labels up.
 
-use prometheus::core::Collector;
 use prometheus::{
-    Counter, CounterVec, Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter as SharedIntCounter, IntCounterVec,
+    Opts, Registry, TextEncoder,
 };
+
+use per_thread::Family;
+pub use per_thread::{Counter, Histogram, IntCounter, IntGauge};
+
+mod per_thread;
 
 use crate::client_ip::TrustWarning;
 use crate::config::Policy;
@@ -100,16 +104,18 @@ pub const NO_ROUTE: &str = "none";
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
-    requests: IntCounterVec,
-    limited: IntCounterVec,
-    tokens_consumed: CounterVec,
-    fill_ratio: HistogramVec,
-    store_duration: HistogramVec,
+    // The request path's families record per thread (see `per_thread`); the others are
+    // `prometheus`'s own.
+    requests: Family,
+    limited: Family,
+    tokens_consumed: Family,
+    fill_ratio: Family,
+    store_duration: Family,
     store_errors: IntCounterVec,
     store_batch_requests: HistogramVec,
     degraded: IntCounterVec,
-    upstream_duration: HistogramVec,
-    upstream_responses: IntCounterVec,
+    upstream_duration: Family,
+    upstream_responses: Family,
     pub inflight: IntGauge,
     config_reloads: IntCounterVec,
     client_ip_warnings: IntCounterVec,
@@ -144,39 +150,39 @@ impl Metrics {
                 .expect("unique metric");
             metric
         };
-        let requests = counter(
+        let per_thread = |family: Family| {
+            registry
+                .register(Box::new(family.clone()))
+                .expect("unique metric");
+            family
+        };
+        let requests = per_thread(Family::int_counters(
             "tollgate_requests_total",
             "Requests by route and outcome.",
             &["route", "outcome"],
-        );
-        let limited = counter(
+        ));
+        let limited = per_thread(Family::int_counters(
             "tollgate_limited_total",
             "Refusals by route and by the limit that refused.",
             &["route", "limit"],
-        );
-        let tokens_consumed = CounterVec::new(
-            Opts::new(
-                "tollgate_tokens_consumed_total",
-                "Tokens charged, by route and limit.",
-            ),
+        ));
+        let tokens_consumed = per_thread(Family::counters(
+            "tollgate_tokens_consumed_total",
+            "Tokens charged, by route and limit.",
             &["route", "limit"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(tokens_consumed.clone()))
-            .expect("unique metric");
-        let fill_ratio = histogram(
+        ));
+        let fill_ratio = per_thread(Family::histograms(
             "tollgate_bucket_fill_ratio",
             "Tokens left / capacity after each decision, per limit.",
             &["limit"],
             &FILL_BUCKETS,
-        );
-        let store_duration = histogram(
+        ));
+        let store_duration = per_thread(Family::histograms(
             "tollgate_store_duration_seconds",
             "Store call latency.",
             &["backend"],
             &LATENCY_BUCKETS,
-        );
+        ));
         let store_errors = counter(
             "tollgate_store_errors_total",
             "Failed or timed-out store calls.",
@@ -193,22 +199,22 @@ impl Metrics {
             "Decisions taken without the store, by failure policy.",
             &["route", "policy"],
         );
-        let upstream_duration = histogram(
+        let upstream_duration = per_thread(Family::histograms(
             "tollgate_upstream_duration_seconds",
             "Time to the upstream response head.",
             &["route"],
             &LATENCY_BUCKETS,
-        );
-        let upstream_responses = counter(
+        ));
+        let upstream_responses = per_thread(Family::int_counters(
             "tollgate_upstream_responses_total",
             "Upstream responses by status class (error: 502/504 from the gateway).",
             &["route", "status"],
-        );
-        let inflight = IntGauge::new("tollgate_inflight_requests", "Requests being served.")
-            .expect("valid metric");
-        registry
-            .register(Box::new(inflight.clone()))
-            .expect("unique metric");
+        ));
+        let inflight = per_thread(Family::int_gauge(
+            "tollgate_inflight_requests",
+            "Requests being served.",
+        ))
+        .gauge();
         let config_reloads = counter(
             "tollgate_config_reloads_total",
             "Configuration reloads by result.",
@@ -269,18 +275,18 @@ impl Metrics {
         String::from_utf8(buffer).unwrap_or_default()
     }
 
-    pub fn store_call(&self, backend: &str) -> (Histogram, IntCounter) {
+    pub fn store_call(&self, backend: &str) -> (Histogram, SharedIntCounter) {
         // Exported for every backend, so that dashboards find it (the memory store makes no
         // calls and leaves it at zero).
         self.store_batch_requests.with_label_values(&[backend]);
         (
-            self.store_duration.with_label_values(&[backend]),
+            self.store_duration.histogram(&[backend]),
             self.store_errors.with_label_values(&[backend]),
         )
     }
 
     /// Where a store records how many requests each of its calls decided.
-    pub fn store_batches(&self, backend: &str) -> Histogram {
+    pub fn store_batches(&self, backend: &str) -> prometheus::Histogram {
         self.store_batch_requests.with_label_values(&[backend])
     }
 
@@ -303,22 +309,21 @@ impl Metrics {
     /// the hot path).
     pub fn total_requests(&self) -> u64 {
         self.requests
-            .collect()
-            .iter()
-            .flat_map(|family| family.get_metric())
-            .map(|metric| metric.get_counter().get_value() as u64)
+            .values()
+            .into_iter()
+            .map(|(_, value)| value)
             .sum()
     }
 
     pub fn bad_request_without_route(&self) {
         self.requests
-            .with_label_values(&[NO_ROUTE, Outcome::BadRequest.as_str()])
+            .int_counter(&[NO_ROUTE, Outcome::BadRequest.as_str()])
             .inc();
     }
 
     pub fn no_route(&self) {
         self.requests
-            .with_label_values(&[NO_ROUTE, Outcome::NoRoute.as_str()])
+            .int_counter(&[NO_ROUTE, Outcome::NoRoute.as_str()])
             .inc();
     }
 
@@ -331,12 +336,10 @@ impl Metrics {
                 let name = &*route.name;
                 RouteMetrics {
                     outcomes: Outcome::ALL
-                        .map(|outcome| self.requests.with_label_values(&[name, outcome.as_str()])),
-                    statuses: StatusClass::ALL.map(|class| {
-                        self.upstream_responses
-                            .with_label_values(&[name, class.as_str()])
-                    }),
-                    upstream_duration: self.upstream_duration.with_label_values(&[name]),
+                        .map(|outcome| self.requests.int_counter(&[name, outcome.as_str()])),
+                    statuses: StatusClass::ALL
+                        .map(|class| self.upstream_responses.int_counter(&[name, class.as_str()])),
+                    upstream_duration: self.upstream_duration.histogram(&[name]),
                     degraded: self
                         .degraded
                         .with_label_values(&[name, route.on_store_failure.as_str()]),
@@ -351,11 +354,9 @@ impl Metrics {
                                     .adaptive
                                     .is_some()
                                     .then(|| self.penalties.with_label_values(&[limit])),
-                                limited: self.limited.with_label_values(&[name, limit]),
-                                tokens_consumed: self
-                                    .tokens_consumed
-                                    .with_label_values(&[name, limit]),
-                                fill_ratio: self.fill_ratio.with_label_values(&[limit]),
+                                limited: self.limited.int_counter(&[name, limit]),
+                                tokens_consumed: self.tokens_consumed.counter(&[name, limit]),
+                                fill_ratio: self.fill_ratio.histogram(&[limit]),
                             }
                         })
                         .collect(),
@@ -377,7 +378,7 @@ pub struct RouteMetrics {
     outcomes: [IntCounter; 7],
     statuses: [IntCounter; 6],
     pub upstream_duration: Histogram,
-    pub degraded: IntCounter,
+    pub degraded: SharedIntCounter,
     pub limits: Vec<LimitMetrics>,
 }
 
@@ -402,7 +403,7 @@ impl RouteMetrics {
 #[derive(Debug, Clone)]
 pub struct LimitMetrics {
     /// For adaptive limits only.
-    pub penalties: Option<IntCounter>,
+    pub penalties: Option<SharedIntCounter>,
     pub limited: IntCounter,
     pub tokens_consumed: Counter,
     pub fill_ratio: Histogram,

@@ -143,7 +143,7 @@ impl Gateway {
     pub async fn handle(
         &self,
         request: Request<RequestBody>,
-        connection: Connection,
+        connection: &Connection,
         fields: &mut SetFields,
     ) -> Response<Body> {
         let _inflight = InFlightRequest::new(&self.shared.metrics.inflight);
@@ -234,7 +234,10 @@ impl Gateway {
             exchange.outcome = Some(Outcome::NoRoute);
             return Err(Unrouted::NoRoute);
         };
-        exchange.route = Some(policy.routes[index].name.clone());
+        // Only the access log reads it, like `started` and `limit`.
+        if access_logging() {
+            exchange.route = Some(policy.routes[index].name.clone());
+        }
         Ok((index, host))
     }
 
@@ -247,7 +250,7 @@ impl Gateway {
         request: Request<RequestBody>,
         host: Option<HeaderValue>,
         scan: &FieldScan,
-        connection: Connection,
+        connection: &Connection,
         exchange: &mut Exchange,
         fields: &mut SetFields,
     ) -> (Outcome, Response<Body>) {
@@ -415,7 +418,7 @@ impl Gateway {
         upstream::remove_hop_by_hop(&mut parts.headers, upgrade);
         let forwarding = upstream::Forwarding::new(
             scan.forwarded_for(&parts.headers),
-            exchange.request_id.clone(),
+            &exchange.request_id,
             &connection.peer_header,
             connection.proto,
             host.as_ref(),

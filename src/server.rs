@@ -145,7 +145,7 @@ async fn serve_connection<S>(
         async move {
             let request = request.map(RequestBody::Incoming);
             let mut fields = SetFields::default();
-            let mut response = gateway.handle(request, connection, &mut fields).await;
+            let mut response = gateway.handle(request, &connection, &mut fields).await;
             fields.apply(response.headers_mut());
             Ok::<_, std::convert::Infallible>(response)
         }

@@ -2,6 +2,7 @@
 //! addresses (skipping ones that just refused a connection), timeouts, and the header
 //! rewriting a reverse proxy owes both sides.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -123,7 +124,7 @@ impl UpstreamPool {
     pub async fn send(
         &self,
         request: http::request::Parts,
-        forwarding: Forwarding,
+        forwarding: Forwarding<'_>,
         path: &str,
         body: OutgoingBody,
         sent: Instant,
@@ -160,7 +161,7 @@ impl UpstreamPool {
     async fn exchange_buffered(
         &self,
         request: &mut http::request::Parts,
-        forwarding: &Forwarding,
+        forwarding: &Forwarding<'_>,
         path: &str,
         body: &Bytes,
         deadline: tokio::time::Instant,
@@ -358,12 +359,15 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 /// Kept apart from the request's header map: the gateway's own client writes them straight
 /// into the request head, which saves inserting five fields into the map and dropping them
 /// again on every request. Only hyper's client path puts them into the map ([`Self::apply`]).
+///
+/// It borrows what it can from the request and its connection: a clone of a header value is
+/// a reference count, a locked instruction, and so is its drop.
 #[derive(Debug, Clone)]
-pub struct Forwarding {
-    request_id: RequestId,
-    host: Option<HeaderValue>,
-    forwarded_for: Option<HeaderValue>,
-    proto: HeaderValue,
+pub struct Forwarding<'a> {
+    request_id: &'a RequestId,
+    host: Option<&'a HeaderValue>,
+    forwarded_for: Option<Cow<'a, HeaderValue>>,
+    proto: &'static str,
 }
 
 // The names as statics, so that `Forwarding::fields` can hand out references to them.
@@ -372,16 +376,16 @@ static FORWARDED_HOST: HeaderName = X_FORWARDED_HOST;
 static FORWARDED_FOR: HeaderName = X_FORWARDED_FOR;
 static FORWARDED_PROTO: HeaderName = X_FORWARDED_PROTO;
 
-impl Forwarding {
+impl<'a> Forwarding<'a> {
     /// `peer` is the TCP peer's address as a header value (rendered once per connection);
     /// `forwarded_for` are the client's `X-Forwarded-For` values, the chain to extend.
     pub fn new<'h>(
         forwarded_for: impl Iterator<Item = &'h HeaderValue>,
-        request_id: RequestId,
-        peer: &HeaderValue,
+        request_id: &'a RequestId,
+        peer: &'a HeaderValue,
         proto: &'static str,
-        host: Option<&HeaderValue>,
-    ) -> Forwarding {
+        host: Option<&'a HeaderValue>,
+    ) -> Forwarding<'a> {
         let mut chain = String::new();
         for entry in forwarded_for
             .filter_map(|value| value.to_str().ok())
@@ -392,16 +396,16 @@ impl Forwarding {
             chain.push_str(", ");
         }
         let forwarded_for = if chain.is_empty() {
-            Some(peer.clone())
+            Some(Cow::Borrowed(peer))
         } else {
             chain.push_str(peer.to_str().unwrap_or_default());
-            HeaderValue::from_str(&chain).ok()
+            HeaderValue::from_str(&chain).ok().map(Cow::Owned)
         };
         Forwarding {
             request_id,
-            host: host.cloned(),
+            host,
             forwarded_for,
-            proto: HeaderValue::from_static(proto),
+            proto,
         }
     }
 
@@ -423,15 +427,17 @@ impl Forwarding {
         let host = self
             .host
             .iter()
-            .flat_map(|host| [(&HOST, host), (&FORWARDED_HOST, host)]);
+            .flat_map(|host| [(&HOST, *host), (&FORWARDED_HOST, *host)]);
         let forwarded_for = self
             .forwarded_for
             .iter()
-            .map(|value| (&FORWARDED_FOR, value));
+            .map(|value| (&FORWARDED_FOR, value.as_ref()));
         host.chain(forwarded_for)
-            .chain([(&FORWARDED_PROTO, &self.proto)])
             .map(|(name, value)| (name, value.as_bytes()))
-            .chain([(&REQUEST_ID_NAME, self.request_id.as_bytes())])
+            .chain([
+                (&FORWARDED_PROTO, self.proto.as_bytes()),
+                (&REQUEST_ID_NAME, self.request_id.as_bytes()),
+            ])
     }
 
     /// Puts the fields into `headers`, replacing the client's.
@@ -485,10 +491,12 @@ mod tests {
         headers.append(X_FORWARDED_PROTO, "gopher".parse().unwrap());
         headers.append(crate::gateway::X_REQUEST_ID, "from-client".parse().unwrap());
         let host = HeaderValue::from_static("shop.example.com");
+        let request_id = RequestId::Client(HeaderValue::from_static("r-1"));
+        let peer = peer_header("::ffff:10.0.0.1".parse().unwrap());
         let forwarding = Forwarding::new(
             headers.get_all(X_FORWARDED_FOR).iter(),
-            RequestId::Client(HeaderValue::from_static("r-1")),
-            &peer_header("::ffff:10.0.0.1".parse().unwrap()),
+            &request_id,
+            &peer,
             "http",
             Some(&host),
         );
@@ -520,13 +528,9 @@ mod tests {
 
     #[test]
     fn without_a_host_the_clients_host_fields_stay() {
-        let forwarding = Forwarding::new(
-            std::iter::empty(),
-            RequestId::Client(HeaderValue::from_static("r-1")),
-            &HeaderValue::from_static("10.0.0.1"),
-            "https",
-            None,
-        );
+        let request_id = RequestId::Client(HeaderValue::from_static("r-1"));
+        let peer = HeaderValue::from_static("10.0.0.1");
+        let forwarding = Forwarding::new(std::iter::empty(), &request_id, &peer, "https", None);
         assert!(!forwarding.sets_host());
         assert!(!forwarding.replaces(&header::HOST));
         assert!(!forwarding.replaces(&X_FORWARDED_HOST));

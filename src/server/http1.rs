@@ -107,8 +107,7 @@ where
         let head_only = request.method() == Method::HEAD;
         fields.clear();
         let response = {
-            let mut handling =
-                std::pin::pin!(gateway.handle(request, connection.clone(), &mut fields));
+            let mut handling = std::pin::pin!(gateway.handle(request, connection, &mut fields));
             loop {
                 // Reading on while the request is served notices a client that goes away (the
                 // request is dropped, as hyper does) and keeps pipelined requests.

@@ -180,7 +180,7 @@ pub(crate) struct OutgoingRequest<'a> {
     /// The origin-form request target, in pieces.
     pub(crate) target: [&'a str; 4],
     pub(crate) headers: &'a HeaderMap,
-    pub(crate) forwarding: &'a Forwarding,
+    pub(crate) forwarding: &'a Forwarding<'a>,
     pub(crate) body: &'a [u8],
 }
 
@@ -936,7 +936,7 @@ mod tests {
         method: &Method,
         target: [&str; 4],
         headers: &HeaderMap,
-        forwarding: &Forwarding,
+        forwarding: &Forwarding<'_>,
         body: &[u8],
     ) -> BytesMut {
         let mut out = BytesMut::new();
@@ -960,13 +960,9 @@ mod tests {
             header::TRANSFER_ENCODING,
             HeaderValue::from_static("chunked"),
         );
-        let forwarding = Forwarding::new(
-            std::iter::empty(),
-            crate::RequestId::Client(HeaderValue::from_static("r-1")),
-            &HeaderValue::from_static("10.0.0.1"),
-            "http",
-            None,
-        );
+        let request_id = crate::RequestId::Client(HeaderValue::from_static("r-1"));
+        let peer = HeaderValue::from_static("10.0.0.1");
+        let forwarding = Forwarding::new(std::iter::empty(), &request_id, &peer, "http", None);
         let out = encoded(
             &Method::POST,
             ["/base", "/login", "?", "a=1"],
@@ -991,10 +987,12 @@ mod tests {
         headers.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         headers.insert("x-kept", HeaderValue::from_static("yes"));
         let host = HeaderValue::from_static("shop.example");
+        let request_id = crate::RequestId::Client(HeaderValue::from_static("r-1"));
+        let peer = HeaderValue::from_static("10.0.0.1");
         let forwarding = Forwarding::new(
             headers.get_all("x-forwarded-for").iter(),
-            crate::RequestId::Client(HeaderValue::from_static("r-1")),
-            &HeaderValue::from_static("10.0.0.1"),
+            &request_id,
+            &peer,
             "http",
             Some(&host),
         );

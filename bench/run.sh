@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end load benchmark: tollgate against nginx, on this machine, in one run.
 #
-#   bench/run.sh                      # 10 s per row, 32 connections
-#   BENCH_DURATION=20 BENCH_CONNECTIONS=64 bench/run.sh
+#   bench/run.sh                      # 3 rounds of 10 s per row, 32 connections
+#   BENCH_DURATION=20 BENCH_CONNECTIONS=64 BENCH_ROUNDS=5 bench/run.sh
 #
 # Rows: 1 the upstream directly; 2 nginx proxy_pass (keep-alive pool, 1 worker); 3 nginx with
 # limit_req by client address that never rejects; 4 tollgate, memory store, one worker thread,
@@ -12,12 +12,16 @@
 # The load generator (wrk) and the upstream run on CPU 0, the proxy on CPU 1: they never share
 # a core. Per row: requests/s, p50, p99, the proxy's CPU µs per request (from /proc/PID/stat
 # before and after: the figure that stays stable when requests/s swings on a noisy machine),
-# its peak RSS, and ratios to rows 1 and 3. Everything started here is stopped by PID.
+# its peak RSS, and ratios to rows 1 and 3. The rows run in rounds, one after the other, and
+# the table gives each row's median over the rounds: on a shared machine a neighbour's burst
+# then lands in one round of one row, not in the whole of it. Everything started here is
+# stopped by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${BENCH_DURATION:-10}
 CONNECTIONS=${BENCH_CONNECTIONS:-32}
+ROUNDS=${BENCH_ROUNDS:-3}
 LOADGEN_CPU=0
 PROXY_CPU=1
 
@@ -137,7 +141,10 @@ backend = \"redis\"
 url = \"redis://127.0.0.1:$redis_port\"
 timeout = \"1s\""
 
-echo "running $((7 * DURATION)) s of load, ${CONNECTIONS} connections..." >&2
+echo "running $((7 * DURATION * ROUNDS)) s of load: $ROUNDS rounds, ${CONNECTIONS} connections..." >&2
+redis_calls=0 redis_usec=0 redis_requests=0
+for round in $(seq "$ROUNDS"); do
+echo " round $round of $ROUNDS" >&2
 measure "1 upstream directly" "http://127.0.0.1:$upstream_port/"
 
 port=$(free_port); nginx_pids=$(start_nginx proxy "$port" "" "")
@@ -155,10 +162,11 @@ redis-cli -p "$redis_port" config resetstat >/dev/null
 measure "5 tollgate redis, 3 limits" "http://127.0.0.1:$port/" "$pid"; stop "$pid"
 # Decisions share script calls under load: how many per call, and Redis's CPU per request.
 redis_stats=$(redis-cli -p "$redis_port" info commandstats | grep '^cmdstat_evalsha:' || true)
-redis_calls=$(grep -o 'calls=[0-9]*' <<<"$redis_stats" | head -1 | cut -d= -f2)
-redis_usec=$(grep -o 'usec=[0-9]*' <<<"$redis_stats" | head -1 | cut -d= -f2)
-redis_summary=$(awk -v calls="${redis_calls:-0}" -v usec="${redis_usec:-0}" -v n="$measured_requests" \
-  'BEGIN {if (calls > 0) printf "row 5: %.1f requests per Redis script call, %.2f µs of Redis CPU per request", n / calls, usec / n}')
+calls=$(grep -o 'calls=[0-9]*' <<<"$redis_stats" | head -1 | cut -d= -f2)
+usec=$(grep -o 'usec=[0-9]*' <<<"$redis_stats" | head -1 | cut -d= -f2)
+redis_calls=$((redis_calls + ${calls:-0}))
+redis_usec=$((redis_usec + ${usec:-0}))
+redis_requests=$((redis_requests + measured_requests))
 
 port=$(free_port)
 nginx_pids=$(start_nginx refuse "$port" "$nginx_refuse_directives" "$nginx_refuse_zone")
@@ -166,20 +174,58 @@ measure "6a nginx refusing (429)" "http://127.0.0.1:$port/" $nginx_pids; stop $n
 
 port=$(free_port); pid=$(start_tollgate refuse "$port" "" 1 "1/h")
 measure "6b tollgate refusing (429)" "http://127.0.0.1:$port/" "$pid"; stop "$pid"
+done
+redis_summary=$(awk -v calls="$redis_calls" -v usec="$redis_usec" -v n="$redis_requests" \
+  'BEGIN {if (calls > 0) printf "row 5: %.1f requests per Redis script call, %.2f µs of Redis CPU per request", n / calls, usec / n}')
 
 python3 - "$results" <<'PY'
+import statistics
 import sys
-rows = [line.rstrip("\n").split("|") for line in open(sys.argv[1])]
-def ms(text):
-    value, unit = float(text[:-2] if text.endswith(("us", "ms")) else text[:-1]), text[-2:]
-    return value / 1000 if unit == "us" else value * 1000 if not text.endswith("ms") else value
-base1, base3 = float(rows[0][1]), float(rows[2][1])
-cpu3 = float(rows[2][4])
-print(f"\n| row | requests/s | p50 | p99 | proxy CPU µs/req | peak RSS MiB | rps ÷ row 1 | rps ÷ row 3 | CPU ÷ row 3 |")
+
+def microseconds(text):
+    """wrk's latency ("283.00us", "1.42ms", "1.05s") in µs."""
+    for unit, factor in (("us", 1.0), ("ms", 1e3), ("s", 1e6)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * factor
+    return float(text)
+
+def latency(us):
+    return f"{us:.0f} µs" if us < 1000 else f"{us / 1000:.2f} ms"
+
+# Every round's measurement of each row, the rows in their order.
+rounds = {}
+for line in open(sys.argv[1]):
+    name, rps, p50, p99, cpu, rss = line.rstrip("\n").split("|")
+    rounds.setdefault(name, []).append(
+        (float(rps), microseconds(p50), microseconds(p99), None if cpu == "-" else float(cpu),
+         None if rss == "-" else int(rss)))
+names = list(rounds)
+median = {name: [statistics.median(m[i] for m in rounds[name]) if rounds[name][0][i] is not None
+                 else None for i in range(4)] for name in names}
+peak = {name: max((m[4] for m in rounds[name] if m[4] is not None), default=None) for name in names}
+base1, base3 = median[names[0]][0], median[names[2]][0]
+cpu3 = median[names[2]][3]
+count = len(rounds[names[0]])
+print(f"\nmedians of {count} round(s)\n")
+print("| row | requests/s | p50 | p99 | proxy CPU µs/req | peak RSS MiB | rps ÷ row 1 | rps ÷ row 3 | CPU ÷ row 3 |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-for name, rps, p50, p99, cpu, rss in rows:
-    cpu_ratio = f"{float(cpu) / cpu3:.2f}" if cpu != "-" else "-"
-    print(f"| {name} | {float(rps):,.0f} | {p50} | {p99} | {cpu} | {rss} | {float(rps) / base1:.2f} | {float(rps) / base3:.2f} | {cpu_ratio} |")
+for name in names:
+    rps, p50, p99, cpu = median[name]
+    cpu_text = "-" if cpu is None else f"{cpu:.2f}"
+    cpu_ratio = "-" if cpu is None else f"{cpu / cpu3:.2f}"
+    rss = "-" if peak[name] is None else peak[name]
+    print(f"| {name} | {rps:,.0f} | {latency(p50)} | {latency(p99)} | {cpu_text} | {rss} "
+          f"| {rps / base1:.2f} | {rps / base3:.2f} | {cpu_ratio} |")
+
+# Ratios between rows measured in the same round, one per round: the comparisons that a
+# burst on the machine moves least.
+def per_round(numerator, denominator, field):
+    pairs = zip(rounds[names[numerator]], rounds[names[denominator]])
+    return " ".join(f"{a[field] / b[field]:.2f}" for a, b in pairs)
+print("\nper round:")
+print(f"  row 4 ÷ row 3, CPU per request: {per_round(3, 2, 3)}; requests/s: {per_round(3, 2, 0)}; p99: {per_round(3, 2, 2)}")
+print(f"  6b ÷ 6a (429s), CPU per request: {per_round(6, 5, 3)}; requests/s: {per_round(6, 5, 0)}")
+print(f"  row 5 ÷ row 4, requests/s: {per_round(4, 3, 0)}")
 PY
 echo
 echo "$redis_summary"

@@ -107,6 +107,9 @@ pub struct Metrics {
     // The request path's families record per thread (see `per_thread`); the others are
     // `prometheus`'s own.
     requests: Family,
+    /// `tollgate_requests_total` of requests that reached no route, resolved once: a flood of
+    /// them finds its counters without a lookup.
+    unrouted: [IntCounter; 2],
     limited: Family,
     tokens_consumed: Family,
     fill_ratio: Family,
@@ -247,6 +250,8 @@ impl Metrics {
         }
         Metrics {
             registry,
+            unrouted: [Outcome::BadRequest, Outcome::NoRoute]
+                .map(|outcome| requests.int_counter(&[NO_ROUTE, outcome.as_str()])),
             requests,
             limited,
             tokens_consumed,
@@ -316,15 +321,11 @@ impl Metrics {
     }
 
     pub fn bad_request_without_route(&self) {
-        self.requests
-            .int_counter(&[NO_ROUTE, Outcome::BadRequest.as_str()])
-            .inc();
+        self.unrouted[0].inc();
     }
 
     pub fn no_route(&self) {
-        self.requests
-            .int_counter(&[NO_ROUTE, Outcome::NoRoute.as_str()])
-            .inc();
+        self.unrouted[1].inc();
     }
 
     /// Resolves every handle the request path of `policy` needs.

@@ -58,6 +58,8 @@ fn slot() -> Slot {
             }
         };
     }
+    // A `Copy` value without a destructor: readable even while the thread's locals are torn
+    // down (a request dropped as its thread exits).
     SLOT.with(|slot| *slot)
 }
 

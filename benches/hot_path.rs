@@ -2,7 +2,6 @@
 
 use std::hint::black_box;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, Method};
@@ -49,9 +48,9 @@ fn decision(c: &mut Criterion) {
         cost: 1.0,
         enforce: true,
     };
-    let bucket = |limit: &str, parts: Vec<KeyPart>| BucketRequest {
+    let bucket = |limit: &'static str, parts: Vec<KeyPart>| BucketRequest {
         key: BucketKey {
-            limit: Arc::from(limit),
+            limit,
             fingerprint: 1,
             parts: parts.into(),
         },

@@ -2,7 +2,6 @@
 //! one request, and after their buckets have refilled (and been swept).
 //! Usage: cargo run --release --example memory_footprint [-- KEYS]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::limit::{BucketKey, BucketRequest, Charge, Clock, KeyPart, MemoryStore};
@@ -30,14 +29,14 @@ fn main() {
         .unwrap_or(1_000_000);
     let clock = Clock::manual();
     let store = MemoryStore::new(2_000_000, clock.clone());
-    let limit: Arc<str> = Arc::from("per_network");
+    let limit = "per_network";
     let baseline = rss_bytes();
     for index in 0..keys {
         // Distinct /24 networks: 1.0.0.0/24, 1.0.1.0/24, ...
         let address = std::net::Ipv4Addr::from(0x0100_0000u32 + (index << 8));
         let request = BucketRequest {
             key: BucketKey {
-                limit: limit.clone(),
+                limit,
                 fingerprint: 1,
                 parts: [KeyPart::Network(ipnet::IpNet::from(
                     ipnet::Ipv4Net::new(address, 24).unwrap(),

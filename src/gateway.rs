@@ -291,7 +291,7 @@ impl Gateway {
         };
 
         // Keys: one bucket per applicable limit; `applied[i]` is the route entry of bucket i.
-        let mut buckets: SmallVec<[BucketRequest; 4]> = SmallVec::new();
+        let mut buckets: SmallVec<[BucketRequest<'_>; 4]> = SmallVec::new();
         let mut applied: SmallVec<[usize; 4]> = SmallVec::new();
         {
             let body_bytes = match &body {
@@ -306,7 +306,7 @@ impl Gateway {
                     Ok(Some(key_parts)) => {
                         buckets.push(BucketRequest {
                             key: BucketKey {
-                                limit: limit.name.clone(),
+                                limit: &limit.name,
                                 fingerprint: limit.fingerprint,
                                 parts: key_parts,
                             },
@@ -373,14 +373,14 @@ impl Gateway {
             if !verdict.sufficient {
                 if bucket.charge.enforce {
                     limit_metrics.limited.inc();
-                    refusing.push(&*bucket.key.limit);
+                    refusing.push(bucket.key.limit);
                 } else if decision.admitted && outcome == Outcome::Allowed {
                     outcome = Outcome::ShadowLimited;
                 }
             }
             if bucket.charge.enforce {
                 reports.push(LimitReport {
-                    name: &bucket.key.limit,
+                    name: bucket.key.limit,
                     capacity: verdict.capacity,
                     rate: verdict.rate,
                     cost: bucket.charge.cost,
@@ -530,7 +530,7 @@ impl Gateway {
     }
 
     /// One store call for all of the request's buckets; `Err` is a store failure (counted).
-    async fn decide(&self, buckets: &[BucketRequest]) -> Result<Decision, ()> {
+    async fn decide(&self, buckets: &[BucketRequest<'_>]) -> Result<Decision, ()> {
         let store = &self.shared.store;
         let (duration, errors) = &self.shared.store_metrics;
         let started = Instant::now();
@@ -578,7 +578,7 @@ enum Decider {
 struct AfterResponse<'a> {
     route: &'a Route,
     metrics: &'a RouteMetrics,
-    buckets: &'a [BucketRequest],
+    buckets: &'a [BucketRequest<'a>],
     /// The route-limit position of each bucket.
     applied: &'a [usize],
     decider: Decider,

@@ -12,7 +12,6 @@ pub mod memory;
 pub mod redis;
 
 use std::fmt;
-use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -77,19 +76,22 @@ impl fmt::Display for KeyPart {
 }
 
 /// The identity of one bucket: which limit (and which definition of it), and whose.
+///
+/// It borrows the limit's name from the policy: a request's keys live no longer than its
+/// decision, and a shared name would cost two locked instructions per bucket (its count).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct BucketKey {
-    pub limit: Arc<str>,
+pub struct BucketKey<'a> {
+    pub limit: &'a str,
     /// Changes whenever the limit's definition changes, so a redefined limit starts fresh.
     pub fingerprint: u64,
     /// Empty for a `global` limit.
     pub parts: KeyParts,
 }
 
-impl BucketKey {
+impl BucketKey<'_> {
     /// Appends `<limit>:<key>`, the store key without its prefix.
     pub fn push_to(&self, out: &mut String) {
-        out.push_str(&self.limit);
+        out.push_str(self.limit);
         out.push(':');
         if self.parts.is_empty() {
             out.push_str("global");
@@ -103,7 +105,7 @@ impl BucketKey {
     }
 }
 
-impl fmt::Display for BucketKey {
+impl fmt::Display for BucketKey<'_> {
     /// `<limit>:<key>` — the store key without its prefix.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut text = String::new();
@@ -114,8 +116,8 @@ impl fmt::Display for BucketKey {
 
 /// One bucket of a request, with what it is charged.
 #[derive(Debug, Clone, PartialEq)]
-pub struct BucketRequest {
-    pub key: BucketKey,
+pub struct BucketRequest<'a> {
+    pub key: BucketKey<'a>,
     /// The configured capacity and rate (the store applies the key's adaptive penalty).
     pub charge: Charge,
     pub adaptive: Option<AdaptiveParams>,
@@ -123,8 +125,8 @@ pub struct BucketRequest {
 
 /// What happens to one bucket after the upstream answered.
 #[derive(Debug, Clone, PartialEq)]
-pub struct OutcomeRequest {
-    pub key: BucketKey,
+pub struct OutcomeRequest<'a> {
+    pub key: BucketKey<'a>,
     /// The configured capacity and rate; `cost` is the extra charge (0 for none).
     pub charge: Charge,
     pub adaptive: Option<AdaptiveParams>,
@@ -163,7 +165,7 @@ pub enum Store {
 impl Store {
     /// Decides a request against all of its buckets at once: admitted only if every enforcing
     /// bucket can pay, and then every bucket that can pay is charged.
-    pub async fn decide(&self, requests: &[BucketRequest]) -> Result<Decision, StoreError> {
+    pub async fn decide(&self, requests: &[BucketRequest<'_>]) -> Result<Decision, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.decide(requests)),
             // Boxed so that the memory store's callers do not carry the Redis call's state.
@@ -191,7 +193,7 @@ impl Store {
     /// key tripped a penalty.
     pub async fn record_outcomes(
         &self,
-        requests: &[OutcomeRequest],
+        requests: &[OutcomeRequest<'_>],
     ) -> Result<Vec<bool>, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.record_outcomes(requests)),
@@ -216,7 +218,7 @@ mod tests {
     #[test]
     fn store_keys_spell_limit_and_parts() {
         let key = |parts: KeyParts| BucketKey {
-            limit: Arc::from("login"),
+            limit: "login",
             fingerprint: 7,
             parts,
         };

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -39,10 +38,15 @@ const NETWORKS: [&str; 3] = ["203.0.113.0/24", "198.51.100.0/24", "192.0.2.0/24"
 /// Refill slow enough that the test's own duration adds nothing measurable.
 const RATE: f64 = 1e-9;
 
-fn bucket(limit: &str, network: Option<&str>, capacity: f64, cost: f64) -> BucketRequest {
+fn bucket(
+    limit: &'static str,
+    network: Option<&str>,
+    capacity: f64,
+    cost: f64,
+) -> BucketRequest<'static> {
     BucketRequest {
         key: BucketKey {
-            limit: Arc::from(limit),
+            limit,
             fingerprint: 1,
             parts: network
                 .map(|network| KeyPart::Network(network.parse::<IpNet>().unwrap()))
@@ -61,7 +65,7 @@ fn bucket(limit: &str, network: Option<&str>, capacity: f64, cost: f64) -> Bucke
 
 /// Three routes' worth of buckets: a shared global limit, per-network limits, one in shadow
 /// mode and one adaptive (whose first network is under a penalty that halves it).
-fn request(route: u64, network: &str) -> Vec<BucketRequest> {
+fn request(route: u64, network: &str) -> Vec<BucketRequest<'static>> {
     let mut shadow = bucket("shadow", Some(network), 3.0, 1.0);
     shadow.charge.enforce = false;
     let mut adaptive = bucket("adaptive", Some(network), 6.0, 1.0);
@@ -86,7 +90,7 @@ fn request(route: u64, network: &str) -> Vec<BucketRequest> {
 }
 
 /// A fixed, varied sequence of requests (a linear congruential generator, seeded).
-fn sequence(count: usize) -> Vec<Vec<BucketRequest>> {
+fn sequence(count: usize) -> Vec<Vec<BucketRequest<'static>>> {
     let mut state: u64 = 0x2545_F491_4F6C_DD1D;
     (0..count)
         .map(|_| {
@@ -257,7 +261,7 @@ async fn requests_queued_behind_a_silent_call_time_out_by_their_own_deadlines() 
     assert!(store.decide(&warm_up).await.unwrap().admitted);
     redis.cli(&["CLIENT", "PAUSE", "60000", "ALL"]);
 
-    let timed = |request: Vec<BucketRequest>| {
+    let timed = |request: Vec<BucketRequest<'static>>| {
         let store = &store;
         async move {
             let started = Instant::now();

@@ -126,7 +126,7 @@ impl MemoryStore {
         self.evicted_before_full.load(Ordering::Relaxed)
     }
 
-    fn id(&self, key: &BucketKey) -> u64 {
+    fn id(&self, key: &BucketKey<'_>) -> u64 {
         let mut hasher = self.hasher.build_hasher();
         key.fingerprint.hash(&mut hasher);
         key.limit.hash(&mut hasher);
@@ -168,7 +168,7 @@ impl MemoryStore {
 
     /// Decides a request against all of its buckets (see [`bucket::decide`]), each with its
     /// key's adaptive penalty applied.
-    pub fn decide(&self, requests: &[BucketRequest]) -> Decision {
+    pub fn decide(&self, requests: &[BucketRequest<'_>]) -> Decision {
         let now = self.clock.now();
         let ids: SmallVec<[u64; 4]> = requests
             .iter()
@@ -207,7 +207,7 @@ impl MemoryStore {
     }
 
     /// Applies outcome charges and counts adaptive errors; returns whether each key tripped.
-    pub fn record_outcomes(&self, requests: &[OutcomeRequest]) -> Vec<bool> {
+    pub fn record_outcomes(&self, requests: &[OutcomeRequest<'_>]) -> Vec<bool> {
         let now = self.clock.now();
         let ids: Vec<u64> = requests
             .iter()
@@ -333,16 +333,21 @@ impl MemoryStore {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
     use crate::limit::KeyPart;
 
-    fn request(limit: &str, who: u8, capacity: f64, rate: f64, cost: f64) -> BucketRequest {
+    fn request(
+        limit: &'static str,
+        who: u8,
+        capacity: f64,
+        rate: f64,
+        cost: f64,
+    ) -> BucketRequest<'static> {
         BucketRequest {
             key: BucketKey {
-                limit: Arc::from(limit),
+                limit,
                 fingerprint: 7,
                 parts: smallvec::smallvec![KeyPart::Digest([who; 16])],
             },
@@ -383,7 +388,7 @@ mod tests {
     #[test]
     fn refused_requests_charge_nothing_across_shards() {
         let store = MemoryStore::new(1_000_000, Clock::manual());
-        let requests: Vec<BucketRequest> = (0..40)
+        let requests: Vec<BucketRequest<'_>> = (0..40)
             .map(|who| request("l", who, 1.0, 1.0, 1.0))
             .collect();
         let mut last = requests.clone();

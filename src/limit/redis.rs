@@ -163,7 +163,7 @@ impl RedisStore {
         self.breaker.is_open()
     }
 
-    pub async fn decide(&self, requests: &[BucketRequest]) -> Result<Decision, StoreError> {
+    pub async fn decide(&self, requests: &[BucketRequest<'_>]) -> Result<Decision, StoreError> {
         let keys = StoreKeys::new(&self.prefix, requests.iter().map(|request| &request.key));
         // One reading serves the deny cache's check and, as the time the call was sent (a
         // moment early, which only makes the cache more cautious), what it remembers.
@@ -201,7 +201,7 @@ impl RedisStore {
     /// A refusal decided locally, if the deny cache knows an enforcing bucket to be too empty.
     fn refuse_from_cache(
         &self,
-        requests: &[BucketRequest],
+        requests: &[BucketRequest<'_>],
         keys: &StoreKeys,
         now: Timestamp,
     ) -> Option<Decision> {
@@ -233,7 +233,7 @@ impl RedisStore {
     /// Decides in Redis, or times out at `deadline`; gives the keys back with the decision.
     async fn decide_in_redis(
         &self,
-        requests: &[BucketRequest],
+        requests: &[BucketRequest<'_>],
         keys: StoreKeys,
         deadline: tokio::time::Instant,
     ) -> Result<(StoreKeys, Decision), StoreError> {
@@ -272,7 +272,7 @@ impl RedisStore {
     /// once; if a slot refuses, what the others charged is given back.
     async fn decide_across_slots(
         &self,
-        requests: &[BucketRequest],
+        requests: &[BucketRequest<'_>],
         keys: &StoreKeys,
     ) -> Result<Decision, StoreError> {
         let groups = group_by_slot(keys.iter());
@@ -325,7 +325,7 @@ impl RedisStore {
     /// One slot's buckets of one request, decided by a call of their own.
     async fn call_decide(
         &self,
-        requests: &[BucketRequest],
+        requests: &[BucketRequest<'_>],
         keys: &StoreKeys,
         group: &[usize],
     ) -> Result<RequestReply, StoreError> {
@@ -368,7 +368,7 @@ impl RedisStore {
     /// returns whether each key tripped.
     pub async fn record_outcomes(
         &self,
-        requests: &[OutcomeRequest],
+        requests: &[OutcomeRequest<'_>],
     ) -> Result<Vec<bool>, StoreError> {
         if self.breaker.permit() == Permit::Refused {
             return Err(StoreError::Unavailable);
@@ -408,7 +408,7 @@ impl RedisStore {
 
     async fn call_outcome(
         &self,
-        requests: &[OutcomeRequest],
+        requests: &[OutcomeRequest<'_>],
         keys: &StoreKeys,
         group: &[usize],
     ) -> Result<Vec<String>, StoreError> {
@@ -533,7 +533,10 @@ pub(super) struct StoreKeys {
 }
 
 impl StoreKeys {
-    fn new<'k>(prefix: &str, keys: impl ExactSizeIterator<Item = &'k BucketKey>) -> StoreKeys {
+    fn new<'k, 'l: 'k>(
+        prefix: &str,
+        keys: impl ExactSizeIterator<Item = &'k BucketKey<'l>>,
+    ) -> StoreKeys {
         let mut text = String::with_capacity(keys.len() * (prefix.len() + 56));
         let ends = keys
             .map(|key| {
@@ -664,8 +667,8 @@ mod tests {
 
     #[test]
     fn a_requests_store_keys_are_each_prefix_limit_and_key() {
-        let key = |limit: &str, parts: Vec<KeyPart>| BucketKey {
-            limit: std::sync::Arc::from(limit),
+        let key = |limit: &'static str, parts: Vec<KeyPart>| BucketKey {
+            limit,
             fingerprint: 7,
             parts: parts.into_iter().collect(),
         };

@@ -53,7 +53,7 @@ pub(super) struct BucketArguments {
 }
 
 impl BucketArguments {
-    pub(super) fn of(request: &BucketRequest) -> BucketArguments {
+    pub(super) fn of(request: &BucketRequest<'_>) -> BucketArguments {
         let (factor, min_capacity) = request
             .adaptive
             .map_or((0.0, 0.0), |params| (params.factor, params.min_capacity));

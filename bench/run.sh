@@ -22,6 +22,12 @@ cd "$(dirname "$0")/.."
 DURATION=${BENCH_DURATION:-10}
 CONNECTIONS=${BENCH_CONNECTIONS:-32}
 ROUNDS=${BENCH_ROUNDS:-3}
+for setting in "BENCH_DURATION=$DURATION" "BENCH_CONNECTIONS=$CONNECTIONS" "BENCH_ROUNDS=$ROUNDS"; do
+  if [[ ! "${setting#*=}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "bench: $setting is not a whole number of at least 1" >&2
+    exit 1
+  fi
+done
 LOADGEN_CPU=0
 PROXY_CPU=1
 

@@ -397,15 +397,14 @@ impl Collector for Family {
                 labels.sort_by(|a, b| a.get_name().cmp(b.get_name()));
                 let mut metric = proto::Metric::default();
                 metric.set_label(labels);
+                let counter = |value: f64| {
+                    let mut counter = proto::Counter::default();
+                    counter.set_value(value);
+                    counter
+                };
                 match &self.0.kind {
-                    Kind::IntCounter | Kind::Counter => {
-                        let mut counter = proto::Counter::default();
-                        counter.set_value(match self.0.kind {
-                            Kind::Counter => cells.sum_f64(0),
-                            _ => cells.sum(0) as f64,
-                        });
-                        metric.set_counter(counter);
-                    }
+                    Kind::IntCounter => metric.set_counter(counter(cells.sum(0) as f64)),
+                    Kind::Counter => metric.set_counter(counter(cells.sum_f64(0))),
                     Kind::IntGauge => {
                         let mut gauge = proto::Gauge::default();
                         gauge.set_value(cells.sum(0) as i64 as f64);

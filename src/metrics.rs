@@ -109,7 +109,8 @@ pub struct Metrics {
     requests: Family,
     /// `tollgate_requests_total` of requests that reached no route, resolved once: a flood of
     /// them finds its counters without a lookup.
-    unrouted: [IntCounter; 2],
+    unrouted_bad_requests: IntCounter,
+    unrouted: IntCounter,
     limited: Family,
     tokens_consumed: Family,
     fill_ratio: Family,
@@ -250,8 +251,8 @@ impl Metrics {
         }
         Metrics {
             registry,
-            unrouted: [Outcome::BadRequest, Outcome::NoRoute]
-                .map(|outcome| requests.int_counter(&[NO_ROUTE, outcome.as_str()])),
+            unrouted_bad_requests: requests.int_counter(&[NO_ROUTE, Outcome::BadRequest.as_str()]),
+            unrouted: requests.int_counter(&[NO_ROUTE, Outcome::NoRoute.as_str()]),
             requests,
             limited,
             tokens_consumed,
@@ -321,11 +322,11 @@ impl Metrics {
     }
 
     pub fn bad_request_without_route(&self) {
-        self.unrouted[0].inc();
+        self.unrouted_bad_requests.inc();
     }
 
     pub fn no_route(&self) {
-        self.unrouted[1].inc();
+        self.unrouted.inc();
     }
 
     /// Resolves every handle the request path of `policy` needs.

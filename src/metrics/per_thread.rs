@@ -534,18 +534,15 @@ mod tests {
             prometheus::CounterVec::new(prometheus::Opts::new("t_total", "Tokens."), &["route"])
                 .expect("valid");
         let their_gauge = prometheus::IntGauge::new("g", "A gauge.").expect("valid");
-        theirs
-            .register(Box::new(their_histograms.clone()))
-            .expect("unique");
-        theirs
-            .register(Box::new(their_counters.clone()))
-            .expect("unique");
-        theirs
-            .register(Box::new(their_tokens.clone()))
-            .expect("unique");
-        theirs
-            .register(Box::new(their_gauge.clone()))
-            .expect("unique");
+        let their_collectors: [Box<dyn Collector>; 4] = [
+            Box::new(their_histograms.clone()),
+            Box::new(their_counters.clone()),
+            Box::new(their_tokens.clone()),
+            Box::new(their_gauge.clone()),
+        ];
+        for collector in their_collectors {
+            theirs.register(collector).expect("unique");
+        }
 
         for (route, labels) in [("z", ["z", "1"]), ("a", ["a", "2"])] {
             for value in values {

@@ -498,6 +498,116 @@ async fn a_redis_that_stops_answering_fails_every_waiting_request_within_the_tim
     );
 }
 
+const PROBE: &str = r#"
+[store]
+backend = "redis"
+url = "REDIS"
+timeout = "2s"
+hash_key = "test-secret-0123456789"
+
+[upstreams.app]
+url = "http://{upstream}"
+
+[limits.three]
+key = "global"
+capacity = 3
+rate = "1/h"
+
+[limits.open]
+key = "global"
+capacity = 1000
+rate = "1/h"
+
+[[routes]]
+name = "allow"
+path = "/allow"
+upstream = "app"
+limits = ["three"]
+on_store_failure = "allow"
+
+[[routes]]
+name = "deny"
+path = "/deny"
+upstream = "app"
+limits = ["open"]
+on_store_failure = "deny"
+"#;
+
+/// Polls `done` every 10 ms for up to 20 s.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_whose_client_goes_away_does_not_leave_the_circuit_open() {
+    use tokio::io::AsyncWriteExt;
+    use tollgate::limit::breaker::CircuitState;
+
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&PROBE.replace("REDIS", &redis.url()), upstream.address).await;
+    let gateway_address = gateway.addresses[0];
+    let client = HttpClient::new(gateway_address);
+    assert_eq!(client.get("/deny", &[]).await.status, 200, "connected");
+    let store = gateway.redis_store().unwrap();
+
+    // Connected but silent: each call waits out the 2 s timeout, and three failures open the
+    // circuit.
+    redis.freeze();
+    while store.circuit_state() == CircuitState::Closed {
+        let replies =
+            futures_util::future::join_all((0..3).map(|_| client.get("/deny", &[]))).await;
+        assert!(replies.iter().all(|reply| reply.status == 503));
+    }
+    // After the backoff the next request carries the probe; its client gives up and closes
+    // the connection while the probe waits on the frozen Redis.
+    let mut probing = None;
+    eventually("a request carries the probe", || {
+        if store.circuit_state() == CircuitState::Probing {
+            return true;
+        }
+        if probing.is_none() && store.circuit_state() == CircuitState::Open {
+            probing = Some(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let mut stream = tokio::net::TcpStream::connect(gateway_address)
+                    .await
+                    .expect("connect");
+                stream
+                    .write_all(b"GET /allow HTTP/1.1\r\nHost: app\r\n\r\n")
+                    .await
+                    .expect("write");
+                stream
+            }));
+        }
+        false
+    })
+    .await;
+    drop(probing.take().unwrap().await.expect("probing client"));
+    eventually("the abandoned probe leaves the probing state", || {
+        store.circuit_state() != CircuitState::Probing
+    })
+    .await;
+
+    // Redis answers again: the next request probes, the circuit closes, and the limit holds.
+    redis.thaw();
+    let mut admitted = 0;
+    for _ in 0..10 {
+        if client.get("/allow", &[]).await.status == 200 {
+            admitted += 1;
+        }
+    }
+    assert!(
+        admitted <= 3,
+        "{admitted} of 10 admitted through a limit of 3: the limiter was off"
+    );
+    assert_eq!(store.circuit_state(), CircuitState::Closed);
+    assert_eq!(client.get("/deny", &[]).await.status, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_starts_while_redis_is_down() {
     let mut redis = RedisServer::start();

@@ -1,6 +1,11 @@
 //! A circuit breaker for the shared store: after repeated failures, stop calling it for a
 //! backoff so that every request does not pay the timeout during an outage; then let one
 //! probe through, and close again as soon as a call succeeds.
+//!
+//! A permitted call is a [`Call`] guard. The probe's outcome decides whether the circuit
+//! closes, and the probe lives in a request's future, which a client that goes away drops:
+//! a probe dropped without an outcome hands the probe to the next call instead of leaving
+//! the circuit probing (and the store unused) for good.
 
 use std::time::Duration;
 
@@ -28,18 +33,49 @@ enum State {
     },
 }
 
+/// The circuit's state as operators and tests see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CircuitState {
+    Closed,
+    /// Calls are refused until the backoff ends.
+    Open,
+    /// One call is out to find whether the store answers again.
+    Probing,
+}
+
 #[derive(Debug)]
 pub struct Breaker {
     state: Mutex<State>,
     clock: Clock,
 }
 
-/// Whether a call may go to the store now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Permit {
-    Call,
-    /// The circuit is open: decide without the store.
-    Refused,
+/// A call the breaker let through. Record its outcome with [`Call::success`] or
+/// [`Call::failure`]; dropped without one, a probe is handed to the next call.
+#[derive(Debug)]
+#[must_use = "a call's outcome must be recorded"]
+pub struct Call<'a> {
+    breaker: &'a Breaker,
+    probe: bool,
+}
+
+impl Call<'_> {
+    pub fn success(mut self) {
+        self.probe = false;
+        self.breaker.success();
+    }
+
+    pub fn failure(mut self) {
+        self.probe = false;
+        self.breaker.failure();
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if self.probe {
+            self.breaker.abandon_probe();
+        }
+    }
 }
 
 impl Breaker {
@@ -50,19 +86,24 @@ impl Breaker {
         }
     }
 
-    pub fn permit(&self) -> Permit {
+    /// A call may go to the store now, or `None`: the circuit is open, decide without it.
+    pub fn permit(&self) -> Option<Call<'_>> {
         let mut state = self.state.lock();
-        match *state {
-            State::Closed { .. } => Permit::Call,
+        let probe = match *state {
+            State::Closed { .. } => false,
             State::Open { until, backoff } if self.clock.now() >= until => {
                 *state = State::Probing { backoff };
-                Permit::Call
+                true
             }
-            State::Open { .. } | State::Probing { .. } => Permit::Refused,
-        }
+            State::Open { .. } | State::Probing { .. } => return None,
+        };
+        Some(Call {
+            breaker: self,
+            probe,
+        })
     }
 
-    pub fn success(&self) {
+    fn success(&self) {
         let mut state = self.state.lock();
         if *state != (State::Closed { failures: 0 }) {
             if !matches!(*state, State::Closed { .. }) {
@@ -72,7 +113,7 @@ impl Breaker {
         }
     }
 
-    pub fn failure(&self) {
+    fn failure(&self) {
         let mut state = self.state.lock();
         let now = self.clock.now();
         *state = match *state {
@@ -96,9 +137,28 @@ impl Breaker {
         };
     }
 
+    /// The probe's request went away before its outcome was known: the next call probes.
+    fn abandon_probe(&self) {
+        let mut state = self.state.lock();
+        if let State::Probing { backoff } = *state {
+            *state = State::Open {
+                until: self.clock.now(),
+                backoff,
+            };
+        }
+    }
+
+    pub fn state(&self) -> CircuitState {
+        match *self.state.lock() {
+            State::Closed { .. } => CircuitState::Closed,
+            State::Open { .. } => CircuitState::Open,
+            State::Probing { .. } => CircuitState::Probing,
+        }
+    }
+
     /// Whether the circuit is open (or probing).
     pub fn is_open(&self) -> bool {
-        !matches!(*self.state.lock(), State::Closed { .. })
+        self.state() != CircuitState::Closed
     }
 }
 
@@ -106,29 +166,30 @@ impl Breaker {
 mod tests {
     use super::*;
 
+    fn fail(breaker: &Breaker) {
+        breaker.permit().expect("a call is permitted").failure();
+    }
+
     #[test]
     fn opens_after_repeated_failures_then_probes_and_closes() {
         let clock = Clock::manual();
         let breaker = Breaker::new(clock.clone());
-        breaker.failure();
-        breaker.failure();
+        fail(&breaker);
+        fail(&breaker);
         assert_eq!(
-            breaker.permit(),
-            Permit::Call,
+            breaker.state(),
+            CircuitState::Closed,
             "two failures are not an outage"
         );
-        breaker.failure();
-        assert_eq!(breaker.permit(), Permit::Refused);
+        fail(&breaker);
+        assert!(breaker.permit().is_none());
         clock.advance(FIRST_BACKOFF);
-        assert_eq!(
-            breaker.permit(),
-            Permit::Call,
-            "one probe after the backoff"
-        );
-        assert_eq!(breaker.permit(), Permit::Refused, "only one");
-        breaker.success();
-        assert_eq!(breaker.permit(), Permit::Call);
-        assert!(!breaker.is_open());
+        let probe = breaker.permit().expect("one probe after the backoff");
+        assert_eq!(breaker.state(), CircuitState::Probing);
+        assert!(breaker.permit().is_none(), "only one");
+        probe.success();
+        assert_eq!(breaker.state(), CircuitState::Closed);
+        assert!(breaker.permit().is_some());
     }
 
     #[test]
@@ -136,18 +197,51 @@ mod tests {
         let clock = Clock::manual();
         let breaker = Breaker::new(clock.clone());
         for _ in 0..3 {
-            breaker.failure();
+            fail(&breaker);
         }
         let mut backoff = FIRST_BACKOFF;
         for _ in 0..8 {
             clock.advance(backoff - Duration::from_millis(1));
-            assert_eq!(breaker.permit(), Permit::Refused);
+            assert!(breaker.permit().is_none());
             clock.advance(Duration::from_millis(1));
-            assert_eq!(breaker.permit(), Permit::Call);
-            breaker.failure();
+            fail(&breaker);
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
         assert_eq!(backoff, MAX_BACKOFF);
         assert!(breaker.is_open());
+    }
+
+    #[test]
+    fn a_probe_dropped_without_an_outcome_hands_the_probe_to_the_next_call() {
+        let clock = Clock::manual();
+        let breaker = Breaker::new(clock.clone());
+        for _ in 0..3 {
+            fail(&breaker);
+        }
+        clock.advance(FIRST_BACKOFF);
+        // The probing request's client went away: its future, and the call, are dropped.
+        drop(breaker.permit().expect("the probe"));
+        assert_eq!(breaker.state(), CircuitState::Open);
+        let probe = breaker
+            .permit()
+            .expect("the next call probes at once, without another backoff");
+        assert!(breaker.permit().is_none(), "still one probe at a time");
+        probe.success();
+        assert_eq!(breaker.state(), CircuitState::Closed);
+    }
+
+    #[test]
+    fn an_ordinary_call_dropped_without_an_outcome_changes_nothing() {
+        let clock = Clock::manual();
+        let breaker = Breaker::new(clock.clone());
+        fail(&breaker);
+        fail(&breaker);
+        drop(breaker.permit());
+        fail(&breaker);
+        assert_eq!(
+            breaker.state(),
+            CircuitState::Open,
+            "the dropped call neither failed nor reset the count"
+        );
     }
 }

@@ -29,7 +29,7 @@ mod batch;
 
 use batch::{Batcher, BucketArguments, DecideCall, RequestReply, Shape};
 
-use super::breaker::{Breaker, Permit};
+use super::breaker::{Breaker, CircuitState};
 use super::clock::Clock;
 use super::deny_cache::DenyCache;
 use super::{
@@ -163,6 +163,10 @@ impl RedisStore {
         self.breaker.is_open()
     }
 
+    pub fn circuit_state(&self) -> CircuitState {
+        self.breaker.state()
+    }
+
     pub async fn decide(&self, requests: &[BucketRequest<'_>]) -> Result<Decision, StoreError> {
         let keys = StoreKeys::new(&self.prefix, requests.iter().map(|request| &request.key));
         // One reading serves the deny cache's check and, as the time the call was sent (a
@@ -172,18 +176,16 @@ impl RedisStore {
             self.deny_cache_refusals.fetch_add(1, Ordering::Relaxed);
             return Ok(refusal);
         }
-        if self.breaker.permit() == Permit::Refused {
-            return Err(StoreError::Unavailable);
-        }
+        let call = self.breaker.permit().ok_or(StoreError::Unavailable)?;
         let deadline = tokio::time::Instant::now() + self.timeout;
         let (keys, decision) = match self.decide_in_redis(requests, keys, deadline).await {
             Ok(decision) => decision,
             Err(error) => {
-                self.breaker.failure();
+                call.failure();
                 return Err(error);
             }
         };
-        self.breaker.success();
+        call.success();
         for ((request, key), verdict) in requests.iter().zip(keys.iter()).zip(&decision.verdicts) {
             if !verdict.sufficient {
                 self.deny_cache.remember(
@@ -370,9 +372,7 @@ impl RedisStore {
         &self,
         requests: &[OutcomeRequest<'_>],
     ) -> Result<Vec<bool>, StoreError> {
-        if self.breaker.permit() == Permit::Refused {
-            return Err(StoreError::Unavailable);
-        }
+        let call = self.breaker.permit().ok_or(StoreError::Unavailable)?;
         let keys = StoreKeys::new(&self.prefix, requests.iter().map(|request| &request.key));
         let groups = match &self.connection {
             Connection::Single(_) => vec![(0..requests.len()).collect::<Vec<usize>>()],
@@ -383,16 +383,20 @@ impl RedisStore {
                 .iter()
                 .map(|group| self.call_outcome(requests, &keys, group)),
         );
-        let replies = match tokio::time::timeout(self.timeout, calls).await {
+        let Ok(replies) = tokio::time::timeout(self.timeout, calls).await else {
+            call.failure();
+            return Err(StoreError::Timeout);
+        };
+        let replies = match replies.into_iter().collect::<Result<Vec<_>, _>>() {
             Ok(replies) => replies,
-            Err(_) => {
-                self.breaker.failure();
-                return Err(StoreError::Timeout);
+            Err(error) => {
+                call.failure();
+                return Err(error);
             }
         };
+        call.success();
         let mut tripped = vec![false; requests.len()];
         for (group, reply) in groups.iter().zip(replies) {
-            let reply = reply.inspect_err(|_| self.breaker.failure())?;
             if reply.len() != group.len() {
                 return Err(StoreError::Redis(format!(
                     "unexpected outcome reply {reply:?}"
@@ -402,7 +406,6 @@ impl RedisStore {
                 tripped[*index] = flag == "1";
             }
         }
-        self.breaker.success();
         Ok(tripped)
     }
 

@@ -91,6 +91,25 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the process (SIGSTOP): connections stay open and commands go unanswered.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen process run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("a running redis-server");
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {}", child.id());
+    }
+
     /// Starts it again on the same port, empty.
     pub fn restart(&mut self) {
         self.stop();

@@ -56,6 +56,7 @@ fn decision(c: &mut Criterion) {
         },
         charge,
         adaptive: None,
+        route_limit: 0,
     };
     let requests = [
         bucket(

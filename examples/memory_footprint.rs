@@ -51,6 +51,7 @@ fn main() {
                 enforce: true,
             },
             adaptive: None,
+            route_limit: 0,
         };
         store.decide(&[request]);
     }

@@ -26,8 +26,8 @@ pub struct Policy {
     pub admin: AdminSettings,
     pub client_ip: ClientIpSettings,
     pub store: StoreSettings,
-    pub upstreams: Vec<Upstream>,
-    pub limits: Vec<Limit>,
+    pub upstreams: Vec<Arc<Upstream>>,
+    pub limits: Vec<Arc<Limit>>,
     /// In match order: the first that matches wins.
     pub routes: Vec<Route>,
     /// Scale every limit's rate while the upstream struggles.
@@ -182,18 +182,22 @@ pub struct Route {
     /// `None`: any method.
     pub methods: Option<Vec<Method>>,
     pub path: PathMatch,
-    /// Index into [`Policy::upstreams`].
-    pub upstream: usize,
+    pub upstream: Arc<Upstream>,
     pub limits: Vec<RouteLimit>,
     pub on_store_failure: StoreFailurePolicy,
     /// Some limit of this route reads the body, so the body is buffered before deciding.
     pub reads_body: bool,
 }
 
+impl AsRef<Route> for Route {
+    fn as_ref(&self) -> &Route {
+        self
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouteLimit {
-    /// Index into [`Policy::limits`].
-    pub limit: usize,
+    pub limit: Arc<Limit>,
     pub cost: f64,
 }
 
@@ -321,7 +325,10 @@ impl Policy {
 
     /// Looks up a limit by name.
     pub fn limit(&self, name: &str) -> Option<&Limit> {
-        self.limits.iter().find(|limit| &*limit.name == name)
+        self.limits
+            .iter()
+            .find(|limit| &*limit.name == name)
+            .map(|limit| &**limit)
     }
 
     /// The compiled policy as a readable table (`tollgate check`).

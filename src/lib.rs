@@ -7,198 +7,53 @@
 //! expose what happened.
 
 pub mod admin;
+mod background;
 mod body;
 pub mod client_ip;
 pub mod config;
 pub mod demo;
 pub mod gateway;
-mod header_maps;
-mod header_names;
+mod hex;
 pub mod key;
 pub mod limit;
 pub mod metrics;
 pub mod overload;
 pub mod path;
+mod request_id;
 pub mod respond;
 pub mod route;
+pub mod runtime;
 pub mod server;
+mod shared;
 pub mod tls;
 pub mod upstream;
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use http::HeaderValue;
-use metrics::Histogram;
-use prometheus::IntCounter;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
-use crate::client_ip::TrustWarning;
 use crate::config::{ConfigErrors, Policy};
 use crate::gateway::Gateway;
 use crate::key::KeyHasher;
 use crate::limit::{Clock, MemoryStore, RedisStore, Store, StoreError};
-use crate::metrics::{Metrics, RouteMetrics};
+use crate::metrics::Metrics;
 use crate::overload::LoadMonitor;
-use crate::upstream::UpstreamPool;
+use crate::request_id::RequestIds;
+use crate::runtime::Runtime;
+use crate::shared::Shared;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub use body::Body;
-
-/// Everything a request reads that a reload replaces at once: requests in flight keep the
-/// `Runtime` they started with.
-#[derive(Debug)]
-pub struct Runtime {
-    pub policy: Policy,
-    pub upstreams: Vec<UpstreamPool>,
-    /// Metric handles per route, in route order.
-    pub metrics: Vec<RouteMetrics>,
-    /// Some route matches on the host.
-    pub matches_hosts: bool,
-}
-
-impl Runtime {
-    fn new(policy: Policy, metrics: &Metrics) -> Result<Runtime, String> {
-        Ok(Runtime {
-            upstreams: policy
-                .upstreams
-                .iter()
-                .map(UpstreamPool::new)
-                .collect::<Result<_, _>>()?,
-            metrics: metrics.for_policy(&policy),
-            matches_hosts: policy.routes.iter().any(|route| route.host.is_some()),
-            policy,
-        })
-    }
-}
-
-/// How many short chains are counted between checks of whether they are routine.
-const SHORT_CHAIN_SAMPLE: u64 = 50;
-
-/// State that lives as long as the process, shared by every connection.
-pub(crate) struct Shared {
-    pub(crate) runtime: ArcSwap<Runtime>,
-    pub(crate) store: Store,
-    /// In-process buckets for routes with `on_store_failure = "local"`.
-    pub(crate) local: MemoryStore,
-    pub(crate) hasher: KeyHasher,
-    pub(crate) metrics: Metrics,
-    pub(crate) store_metrics: (Histogram, IntCounter),
-    warned: [AtomicBool; 3],
-    pub(crate) shutting_down: AtomicBool,
-    /// Upstream load and the factor it puts on every rate (`[overload]`).
-    pub(crate) load: LoadMonitor,
-    /// The listeners' TLS configuration; replaced on reload (certificates are re-read).
-    pub(crate) tls: ArcSwapOption<TlsAcceptor>,
-    /// Connections and upgraded streams: shutdown waits for them.
-    pub(crate) tasks: TaskTracker,
-    /// The first 16 of a generated request id's 32 hex digits, random per process.
-    request_id_prefix: [u8; 16],
-    request_counter: AtomicU64,
-}
-
-impl Shared {
-    /// Counts a trust warning, and logs it once per cause. A chain shorter than
-    /// `trusted_hops` is logged only once it is routine (at least a tenth of the requests, seen
-    /// 50 times): a load balancer's own health checks carry no forwarding header.
-    pub(crate) fn trust_warning(&self, warning: TrustWarning) {
-        let seen = self.metrics.client_ip_warning(warning);
-        let index = TrustWarning::ALL
-            .iter()
-            .position(|w| *w == warning)
-            .unwrap_or_default();
-        if self.warned[index].load(Ordering::Relaxed) {
-            return;
-        }
-        if warning == TrustWarning::ChainShorterThanTrustedHops
-            && (seen % SHORT_CHAIN_SAMPLE != 0 || seen * 10 < self.metrics.total_requests())
-        {
-            return;
-        }
-        if !self.warned[index].swap(true, Ordering::Relaxed) {
-            tracing::warn!(cause = warning.as_str(), "{}", warning.explanation());
-        }
-    }
-
-    /// The client's `X-Request-Id` if it is reasonable, else a new one.
-    pub(crate) fn request_id(&self, client: Option<&HeaderValue>) -> RequestId {
-        if let Some(id) = client {
-            if !id.is_empty() && id.len() <= 128 && id.to_str().is_ok() {
-                return RequestId::Client(id.clone());
-            }
-        }
-        let sequence = self.request_counter.fetch_add(1, Ordering::Relaxed);
-        let mut hex = [0u8; 32];
-        hex[..16].copy_from_slice(&self.request_id_prefix);
-        write_hex(&sequence.to_be_bytes(), &mut hex[16..]);
-        RequestId::Made(hex)
-    }
-}
-
-/// A request's `X-Request-Id`: the client's, or one made here, kept inline (a header value
-/// would cost an allocation per request, and another at its first clone).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestId {
-    /// Visible ASCII, at most 128 bytes.
-    Client(HeaderValue),
-    /// 32 lower-case hexadecimal digits.
-    Made([u8; 32]),
-}
-
-impl RequestId {
-    pub fn as_bytes(&self) -> &[u8] {
-        match self {
-            RequestId::Client(value) => value.as_bytes(),
-            RequestId::Made(digits) => digits,
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
-    }
-
-    pub fn to_header_value(&self) -> HeaderValue {
-        match self {
-            RequestId::Client(value) => value.clone(),
-            RequestId::Made(digits) => {
-                HeaderValue::from_bytes(digits).unwrap_or_else(|_| HeaderValue::from_static("-"))
-            }
-        }
-    }
-}
-
-/// One header field, `name: value` and its line end, into an HTTP/1.1 head.
-pub(crate) fn write_header_field(out: &mut bytes::BytesMut, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// `bytes` in lower-case hexadecimal, two digits per byte, into `digits`.
-pub(crate) fn write_hex(bytes: &[u8], digits: &mut [u8]) {
-    // Both digits of a byte in one look-up: request ids and hashed keys are spelled per request.
-    const PAIRS: [[u8; 2]; 256] = {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut pairs = [[0u8; 2]; 256];
-        let mut byte = 0;
-        while byte < 256 {
-            pairs[byte] = [HEX[byte >> 4], HEX[byte & 0xf]];
-            byte += 1;
-        }
-        pairs
-    };
-    for (pair, byte) in digits.chunks_exact_mut(2).zip(bytes) {
-        pair.copy_from_slice(&PAIRS[usize::from(*byte)]);
-    }
-}
+pub use request_id::RequestId;
 
 /// How to start a gateway besides its policy.
 #[derive(Debug, Clone, Default)]
@@ -266,10 +121,8 @@ impl Tollgate {
             )),
             None => Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone())),
         };
-        let mut prefix = [0u8; 8];
-        let _ = getrandom::getrandom(&mut prefix);
         let shared = Arc::new(Shared {
-            store_metrics: metrics.store_call(store.backend()),
+            store_calls: metrics.store_call(store.backend()),
             store,
             local: MemoryStore::new(policy.store.max_keys, clock),
             hasher,
@@ -277,7 +130,7 @@ impl Tollgate {
                 Runtime::new(policy.clone(), &metrics).map_err(StartError::Upstream)?,
             ),
             metrics,
-            warned: Default::default(),
+            trust_warned: Default::default(),
             shutting_down: AtomicBool::new(false),
             load: LoadMonitor::default(),
             tls: ArcSwapOption::from(
@@ -286,12 +139,7 @@ impl Tollgate {
                     .map(Arc::new),
             ),
             tasks: TaskTracker::new(),
-            request_id_prefix: {
-                let mut digits = [0u8; 16];
-                write_hex(&prefix, &mut digits);
-                digits
-            },
-            request_counter: AtomicU64::new(0),
+            request_ids: RequestIds::new(),
         });
         for warning in &policy.warnings {
             tracing::warn!("policy: {warning}");
@@ -329,35 +177,8 @@ impl Tollgate {
         // The admin listener is not tracked: it keeps answering /readyz 503 while draining.
         tokio::spawn(admin::serve(admin_listener, shared.clone()));
 
-        let watching = Arc::downgrade(&shared);
-        tokio::spawn(async move {
-            let period = Duration::from_millis(100);
-            let mut interval = tokio::time::interval(period);
-            loop {
-                interval.tick().await;
-                let Some(shared) = watching.upgrade() else {
-                    break;
-                };
-                let runtime = shared.runtime.load();
-                let factor = shared
-                    .load
-                    .tick(runtime.policy.overload.as_ref(), period.as_secs_f64());
-                shared.metrics.load_factor.set(factor);
-            }
-        });
-
-        let sweeping = Arc::downgrade(&shared);
-        tokio::spawn(async move {
-            let mut interval = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                interval.tick().await;
-                let Some(shared) = sweeping.upgrade() else {
-                    break;
-                };
-                shared.store.sweep();
-                shared.local.sweep();
-            }
-        });
+        background::spawn_load_ticker(Arc::downgrade(&shared));
+        background::spawn_sweeper(Arc::downgrade(&shared));
 
         Ok(Tollgate {
             addresses,
@@ -427,26 +248,9 @@ impl Tollgate {
 
     /// Reloads whenever the policy file's content changes (polled; cheap).
     pub fn watch_config_file(self: &Arc<Self>) {
-        let Some(path) = self.config_path.clone() else {
-            return;
-        };
-        let gateway = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut last = std::fs::read(&path).ok();
-            let mut interval = tokio::time::interval(Duration::from_secs(2));
-            loop {
-                interval.tick().await;
-                let Some(gateway) = gateway.upgrade() else {
-                    break;
-                };
-                let current = std::fs::read(&path).ok();
-                if current.is_some() && current != last {
-                    last = current;
-                    tracing::info!(path = %path.display(), "policy file changed");
-                    let _ = gateway.reload_from_file();
-                }
-            }
-        });
+        if let Some(path) = self.config_path.clone() {
+            background::spawn_config_watch(Arc::downgrade(self), path);
+        }
     }
 
     /// The current metrics in the Prometheus text format.
@@ -512,26 +316,4 @@ async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
         .and_then(|()| socket.bind(address))
         .and_then(|()| socket.listen(1024))
         .map_err(|source| StartError::Listen { address, source })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_byte_is_spelled_as_two_lower_case_hex_digits() {
-        let bytes: Vec<u8> = (0..=255).collect();
-        let mut digits = vec![0u8; 512];
-        write_hex(&bytes, &mut digits);
-        let expected: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-        assert_eq!(String::from_utf8(digits).unwrap(), expected);
-    }
-
-    #[test]
-    fn request_ids_are_the_prefix_then_the_sequence_in_hexadecimal() {
-        let mut digits = [0u8; 32];
-        write_hex(&0x0123_4567_89ab_cdef_u64.to_be_bytes(), &mut digits[..16]);
-        write_hex(&42_u64.to_be_bytes(), &mut digits[16..]);
-        assert_eq!(&digits, b"0123456789abcdef000000000000002a");
-    }
 }

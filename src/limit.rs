@@ -60,7 +60,7 @@ impl KeyPart {
             KeyPart::Digest(digest) => {
                 out.push_str("h:");
                 let mut hex = [0u8; 32];
-                crate::write_hex(digest, &mut hex);
+                crate::hex::write_hex(digest, &mut hex);
                 out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
             }
         }
@@ -121,6 +121,9 @@ pub struct BucketRequest<'a> {
     /// The configured capacity and rate (the store applies the key's adaptive penalty).
     pub charge: Charge,
     pub adaptive: Option<AdaptiveParams>,
+    /// Which of its route's limits this bucket is (the position in the route's list), where
+    /// the gateway finds its metrics and response hooks; stores ignore it.
+    pub route_limit: usize,
 }
 
 /// What happens to one bucket after the upstream answered.
@@ -132,16 +135,41 @@ pub struct OutcomeRequest<'a> {
     pub adaptive: Option<AdaptiveParams>,
     /// The status counts as an error for the key's adaptive penalty.
     pub error: bool,
+    /// As in [`BucketRequest::route_limit`].
+    pub route_limit: usize,
 }
 
 /// One verdict per bucket of a request, inline for the usual handful.
 pub type Verdicts = smallvec::SmallVec<[Verdict; 4]>;
 
-/// A store's answer for all of a request's buckets, in the order they were asked.
+/// A store's answer for all of a request's buckets, with one verdict per bucket in the order
+/// they were asked.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    pub admitted: bool,
-    pub verdicts: Verdicts,
+pub enum Decision {
+    /// Every enforcing bucket could pay; each bucket that could pay was charged.
+    Admit(Verdicts),
+    /// An enforcing bucket could not pay; nothing was charged.
+    Refuse(Verdicts),
+}
+
+impl Decision {
+    pub fn new(admitted: bool, verdicts: Verdicts) -> Decision {
+        if admitted {
+            Decision::Admit(verdicts)
+        } else {
+            Decision::Refuse(verdicts)
+        }
+    }
+
+    pub fn is_admitted(&self) -> bool {
+        matches!(self, Decision::Admit(_))
+    }
+
+    pub fn verdicts(&self) -> &[Verdict] {
+        match self {
+            Decision::Admit(verdicts) | Decision::Refuse(verdicts) => verdicts,
+        }
+    }
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -15,22 +15,23 @@ pub use per_thread::{Counter, Histogram, IntCounter, IntGauge};
 mod per_thread;
 
 use crate::client_ip::TrustWarning;
-use crate::config::Policy;
+use crate::config::{Limit, Route};
 
-/// How a request ended, as counted in `tollgate_requests_total{outcome}`.
+/// How a request ended, as counted in `tollgate_requests_total{outcome}`. The discriminant
+/// indexes a route's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    Allowed,
-    Limited,
-    ShadowLimited,
-    BadRequest,
-    StoreUnavailable,
-    DegradedAllowed,
-    NoRoute,
+    Allowed = 0,
+    Limited = 1,
+    ShadowLimited = 2,
+    BadRequest = 3,
+    StoreUnavailable = 4,
+    DegradedAllowed = 5,
+    NoRoute = 6,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Allowed,
         Outcome::Limited,
         Outcome::ShadowLimited,
@@ -53,16 +54,17 @@ impl Outcome {
     }
 }
 
-/// The `status` label of `tollgate_upstream_responses_total`.
+/// The `status` label of `tollgate_upstream_responses_total`. The discriminant indexes a
+/// route's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusClass {
-    Informational,
-    Success,
-    Redirection,
-    ClientError,
-    ServerError,
+    Informational = 0,
+    Success = 1,
+    Redirection = 2,
+    ClientError = 3,
+    ServerError = 4,
     /// No usable response: the gateway answered 502 or 504.
-    Error,
+    Error = 5,
 }
 
 impl StatusClass {
@@ -281,14 +283,14 @@ impl Metrics {
         String::from_utf8(buffer).unwrap_or_default()
     }
 
-    pub fn store_call(&self, backend: &str) -> (Histogram, SharedIntCounter) {
+    pub fn store_call(&self, backend: &str) -> StoreCallMetrics {
         // Exported for every backend, so that dashboards find it (the memory store makes no
         // calls and leaves it at zero).
         self.store_batch_requests.with_label_values(&[backend]);
-        (
-            self.store_duration.histogram(&[backend]),
-            self.store_errors.with_label_values(&[backend]),
-        )
+        StoreCallMetrics {
+            duration: self.store_duration.histogram(&[backend]),
+            errors: self.store_errors.with_label_values(&[backend]),
+        }
     }
 
     /// Where a store records how many requests each of its calls decided.
@@ -321,50 +323,42 @@ impl Metrics {
             .sum()
     }
 
-    pub fn bad_request_without_route(&self) {
-        self.unrouted_bad_requests.inc();
+    /// Counts a request that reached no route, by its outcome (`None`: not counted).
+    pub fn unrouted(&self, outcome: Option<Outcome>) {
+        match outcome {
+            Some(Outcome::NoRoute) => self.unrouted.inc(),
+            Some(_) => self.unrouted_bad_requests.inc(),
+            None => {}
+        }
     }
 
-    pub fn no_route(&self) {
-        self.unrouted.inc();
+    /// The handles of a route's own series.
+    pub fn for_route(&self, route: &Route) -> RouteMetrics {
+        let name = &*route.name;
+        RouteMetrics {
+            outcomes: Outcome::ALL
+                .map(|outcome| self.requests.int_counter(&[name, outcome.as_str()])),
+            statuses: StatusClass::ALL
+                .map(|class| self.upstream_responses.int_counter(&[name, class.as_str()])),
+            upstream_duration: self.upstream_duration.histogram(&[name]),
+            degraded: self
+                .degraded
+                .with_label_values(&[name, route.on_store_failure.as_str()]),
+        }
     }
 
-    /// Resolves every handle the request path of `policy` needs.
-    pub fn for_policy(&self, policy: &Policy) -> Vec<RouteMetrics> {
-        policy
-            .routes
-            .iter()
-            .map(|route| {
-                let name = &*route.name;
-                RouteMetrics {
-                    outcomes: Outcome::ALL
-                        .map(|outcome| self.requests.int_counter(&[name, outcome.as_str()])),
-                    statuses: StatusClass::ALL
-                        .map(|class| self.upstream_responses.int_counter(&[name, class.as_str()])),
-                    upstream_duration: self.upstream_duration.histogram(&[name]),
-                    degraded: self
-                        .degraded
-                        .with_label_values(&[name, route.on_store_failure.as_str()]),
-                    limits: route
-                        .limits
-                        .iter()
-                        .map(|entry| {
-                            let definition = &policy.limits[entry.limit];
-                            let limit = &*definition.name;
-                            LimitMetrics {
-                                penalties: definition
-                                    .adaptive
-                                    .is_some()
-                                    .then(|| self.penalties.with_label_values(&[limit])),
-                                limited: self.limited.int_counter(&[name, limit]),
-                                tokens_consumed: self.tokens_consumed.counter(&[name, limit]),
-                                fill_ratio: self.fill_ratio.histogram(&[limit]),
-                            }
-                        })
-                        .collect(),
-                }
-            })
-            .collect()
+    /// The handles of one limit as a route applies it.
+    pub fn for_route_limit(&self, route: &Route, limit: &Limit) -> LimitMetrics {
+        let (route, name) = (&*route.name, &*limit.name);
+        LimitMetrics {
+            penalties: limit
+                .adaptive
+                .is_some()
+                .then(|| self.penalties.with_label_values(&[name])),
+            limited: self.limited.int_counter(&[route, name]),
+            tokens_consumed: self.tokens_consumed.counter(&[route, name]),
+            fill_ratio: self.fill_ratio.histogram(&[name]),
+        }
     }
 }
 
@@ -374,31 +368,31 @@ impl Default for Metrics {
     }
 }
 
-/// The metric handles of one route, in the order of the route's limits.
+/// The store's call metrics, resolved for its backend.
+#[derive(Debug, Clone)]
+pub struct StoreCallMetrics {
+    pub duration: Histogram,
+    pub errors: SharedIntCounter,
+}
+
+/// The metric handles of one route's own series (its limits' are beside each limit).
 #[derive(Debug, Clone)]
 pub struct RouteMetrics {
+    /// By [`Outcome`] discriminant.
     outcomes: [IntCounter; 7],
+    /// By [`StatusClass`] discriminant.
     statuses: [IntCounter; 6],
     pub upstream_duration: Histogram,
     pub degraded: SharedIntCounter,
-    pub limits: Vec<LimitMetrics>,
 }
 
 impl RouteMetrics {
     pub fn outcome(&self, outcome: Outcome) -> &IntCounter {
-        let index = Outcome::ALL
-            .iter()
-            .position(|o| *o == outcome)
-            .unwrap_or_default();
-        &self.outcomes[index]
+        &self.outcomes[outcome as usize]
     }
 
     pub fn upstream_status(&self, class: StatusClass) -> &IntCounter {
-        let index = StatusClass::ALL
-            .iter()
-            .position(|c| *c == class)
-            .unwrap_or_default();
-        &self.statuses[index]
+        &self.statuses[class as usize]
     }
 }
 
@@ -409,4 +403,39 @@ pub struct LimitMetrics {
     pub limited: IntCounter,
     pub tokens_consumed: Counter,
     pub fill_ratio: Histogram,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_outcome_and_status_class_indexes_its_own_counter() {
+        for (index, outcome) in Outcome::ALL.into_iter().enumerate() {
+            assert_eq!(outcome as usize, index, "{}", outcome.as_str());
+        }
+        for (index, class) in StatusClass::ALL.into_iter().enumerate() {
+            assert_eq!(class as usize, index, "{}", class.as_str());
+        }
+    }
+
+    #[test]
+    fn a_routes_counters_carry_its_name_and_each_outcome() {
+        let metrics = Metrics::new();
+        let policy = crate::config::Policy::parse(
+            "test.toml",
+            "[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n[[routes]]\nname = \"login\"\npath = \"/login\"\nupstream = \"app\"\n",
+        )
+        .unwrap();
+        let route = metrics.for_route(&policy.routes[0]);
+        route.outcome(Outcome::ShadowLimited).inc();
+        route.upstream_status(StatusClass::Error).inc();
+        let text = metrics.render();
+        assert!(
+            text.contains("tollgate_requests_total{outcome=\"shadow_limited\",route=\"login\"} 1")
+        );
+        assert!(
+            text.contains("tollgate_upstream_responses_total{route=\"login\",status=\"error\"} 1")
+        );
+    }
 }

@@ -8,6 +8,8 @@ use http::{Response, StatusCode};
 use smallvec::SmallVec;
 
 use crate::config::HeaderMode;
+use crate::gateway::Reject;
+use crate::upstream::ForwardError;
 use crate::{Body, RequestId};
 
 /// Header fields the gateway sets on a response, kept beside the response's header map until
@@ -75,27 +77,21 @@ impl SetFields {
     }
 }
 
-/// A request the gateway answers itself before it reaches a decision or the upstream.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
-    #[error("bad request: {0}")]
-    BadRequest(String),
-    #[error("method not allowed")]
-    MethodNotAllowed,
-    #[error("body larger than {0} bytes")]
-    PayloadTooLarge(usize),
-    #[error("request head too large")]
-    HeaderFieldsTooLarge,
-}
-
-impl Refusal {
-    pub fn render(&self) -> Response<Body> {
-        match self {
-            Refusal::BadRequest(detail) => bad_request(detail),
-            Refusal::MethodNotAllowed => method_not_allowed(),
-            Refusal::PayloadTooLarge(limit) => payload_too_large(*limit),
-            Refusal::HeaderFieldsTooLarge => header_fields_too_large(),
-        }
+/// Renders a request's rejection: the one place where the request path's early answers are
+/// built.
+pub fn rejection(reject: Reject<'_>, mode: HeaderMode, fields: &mut SetFields) -> Response<Body> {
+    match reject {
+        Reject::ShuttingDown => shutting_down(),
+        Reject::BadRequest(detail) => bad_request(&detail),
+        Reject::MethodNotAllowed => method_not_allowed(),
+        Reject::PayloadTooLarge(limit) => payload_too_large(limit),
+        Reject::HeaderFieldsTooLarge => header_fields_too_large(),
+        Reject::NoRoute => not_found(),
+        Reject::Limited(reports) => too_many_requests(mode, &reports, fields),
+        Reject::StoreUnavailable => store_unavailable(1),
+        Reject::Upstream(ForwardError::Timeout(_)) => gateway_timeout(),
+        Reject::Upstream(ForwardError::Connect(_) | ForwardError::Exchange(_))
+        | Reject::UpgradeFailed => bad_gateway(),
     }
 }
 

@@ -4,14 +4,19 @@ use http::Method;
 
 use crate::config::{PathMatch, Route};
 
-/// The index of the first route that matches, if any.
+/// The first route that matches, if any: of the policy's routes or the runtime's.
 ///
 /// `host` is the request's host, lower-case and without port; `path` is normalized.
 /// Cost: linear in the number of routes, each a few comparisons.
-pub fn find(routes: &[Route], host: Option<&str>, method: &Method, path: &str) -> Option<usize> {
+pub fn find<'r, R: AsRef<Route>>(
+    routes: &'r [R],
+    host: Option<&str>,
+    method: &Method,
+    path: &str,
+) -> Option<&'r R> {
     routes
         .iter()
-        .position(|route| matches(route, host, method, path))
+        .find(|route| matches(route.as_ref(), host, method, path))
 }
 
 fn matches(route: &Route, host: Option<&str>, method: &Method, path: &str) -> bool {
@@ -89,8 +94,8 @@ mod tests {
     }
 
     fn route(policy: &Policy, host: Option<&str>, method: Method, path: &str) -> String {
-        let index = find(&policy.routes, host, &method, path).expect("the catch-all matches");
-        policy.routes[index].name.to_string()
+        let route = find(&policy.routes, host, &method, path).expect("the catch-all matches");
+        route.name.to_string()
     }
 
     #[test]
@@ -118,7 +123,7 @@ mod tests {
     #[test]
     fn no_route_without_a_catch_all() {
         let routes = &policy().routes[..1];
-        assert_eq!(find(routes, None, &Method::GET, "/"), None);
+        assert!(find(routes, None, &Method::GET, "/").is_none());
     }
 
     #[test]

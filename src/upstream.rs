@@ -141,7 +141,7 @@ impl UpstreamPool {
                     .exchange_buffered(&mut request, &forwarding, path, &bytes, deadline)
                     .await;
                 // Written out: the map can hold another request's head.
-                crate::header_maps::give_back(request.headers);
+                crate::wire::header_maps::give_back(request.headers);
                 response
             }
             // Boxed: the common path's future stays small.

@@ -60,6 +60,7 @@ fn bucket(
             enforce: true,
         },
         adaptive: None,
+        route_limit: 0,
     }
 }
 
@@ -131,8 +132,12 @@ fn stored_tokens(redis: &RedisServer, key: &str) -> Option<f64> {
 fn assert_same_decisions(alone: &[Decision], batched: &[Decision]) {
     assert_eq!(alone.len(), batched.len());
     for (index, (alone, batched)) in alone.iter().zip(batched).enumerate() {
-        assert_eq!(alone.admitted, batched.admitted, "request {index}");
-        for (alone, batched) in alone.verdicts.iter().zip(&batched.verdicts) {
+        assert_eq!(
+            alone.is_admitted(),
+            batched.is_admitted(),
+            "request {index}"
+        );
+        for (alone, batched) in alone.verdicts().iter().zip(batched.verdicts()) {
             assert_eq!(alone.sufficient, batched.sufficient, "request {index}");
             assert_eq!(alone.capacity, batched.capacity, "request {index}");
             assert!(batched.observed, "request {index}");
@@ -178,14 +183,17 @@ async fn a_batch_decides_each_request_as_its_own_call_in_turn_would() {
     );
 
     assert_same_decisions(&alone, &batched);
-    let admitted = alone.iter().filter(|decision| decision.admitted).count();
+    let admitted = alone
+        .iter()
+        .filter(|decision| decision.is_admitted())
+        .count();
     assert!(
         admitted > 5 && admitted < 40,
         "the sequence both admits and refuses ({admitted} admitted)"
     );
     let penalised = batched
         .iter()
-        .flat_map(|decision| &decision.verdicts)
+        .flat_map(|decision| decision.verdicts())
         .any(|verdict| verdict.capacity == 3.0);
     assert!(penalised, "the penalty applies inside a batch");
 
@@ -223,7 +231,7 @@ async fn a_request_given_up_before_its_batch_is_sent_is_not_charged() {
     let store = store(&redis, "gone:");
     let only = || vec![bucket("net", Some(NETWORKS[0]), 5.0, 1.0)];
     let warm_up = only();
-    assert!(store.decide(&warm_up).await.unwrap().admitted);
+    assert!(store.decide(&warm_up).await.unwrap().is_admitted());
     let calls = store.batch_calls();
 
     let first_request = only();
@@ -238,7 +246,7 @@ async fn a_request_given_up_before_its_batch_is_sent_is_not_charged() {
     let third = store.decide(&third_request).await.unwrap();
     let first = first.await.unwrap();
 
-    assert!(first.admitted && third.admitted);
+    assert!(first.is_admitted() && third.is_admitted());
     assert_eq!(store.batch_calls() - calls, 1, "one call for the three");
     let key = format!("gone:net:v4:{}", NETWORKS[0]);
     let tokens = stored_tokens(&redis, &key).unwrap();
@@ -258,7 +266,7 @@ async fn requests_queued_behind_a_silent_call_time_out_by_their_own_deadlines() 
     let store = store_with_timeout(&redis, "silent:", timeout);
     let only = || vec![bucket("net", Some(NETWORKS[0]), 5.0, 1.0)];
     let warm_up = only();
-    assert!(store.decide(&warm_up).await.unwrap().admitted);
+    assert!(store.decide(&warm_up).await.unwrap().is_admitted());
     redis.cli(&["CLIENT", "PAUSE", "60000", "ALL"]);
 
     let timed = |request: Vec<BucketRequest<'static>>| {
@@ -296,7 +304,7 @@ async fn every_request_of_a_batch_learns_that_redis_is_down() {
     let mut redis = RedisServer::start();
     let store = store(&redis, "down:");
     let warm_up = request(0, NETWORKS[0]);
-    assert!(store.decide(&warm_up).await.unwrap().admitted);
+    assert!(store.decide(&warm_up).await.unwrap().is_admitted());
     redis.stop();
     let requests = sequence(5);
     let results = join_all(requests.iter().map(|request| store.decide(request))).await;
@@ -326,9 +334,9 @@ async fn tokens_arrive_exactly_as_the_script_computed_them() {
     let mut expected = 10.0_f64;
     for decision in &decisions {
         expected -= 0.1;
-        assert!(decision.admitted);
+        assert!(decision.is_admitted());
         assert_eq!(
-            decision.verdicts[0].tokens.to_bits(),
+            decision.verdicts()[0].tokens.to_bits(),
             expected.to_bits(),
             "{expected}"
         );

@@ -152,15 +152,17 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
     let overload = raw
         .overload
         .and_then(|overload| compile_overload(overload, errors));
-    let upstreams: Vec<Upstream> = raw
+    let upstreams: Vec<Arc<Upstream>> = raw
         .upstreams
         .into_iter()
         .filter_map(|(name, upstream)| compile_upstream(name, upstream, base, errors))
+        .map(Arc::new)
         .collect();
-    let limits: Vec<Limit> = raw
+    let limits: Vec<Arc<Limit>> = raw
         .limits
         .into_iter()
         .filter_map(|(name, limit)| compile_limit(name, limit, &client_ip, errors))
+        .map(Arc::new)
         .collect();
     let mut routes = Vec::with_capacity(raw.routes.len());
     let mut route_names = HashSet::new();
@@ -918,8 +920,8 @@ fn valid_name(name: &str) -> bool {
 fn compile_route(
     index: usize,
     raw: Spanned<raw::RawRoute>,
-    upstreams: &[Upstream],
-    limits: &[Limit],
+    upstreams: &[Arc<Upstream>],
+    limits: &[Arc<Limit>],
     errors: &mut Errors<'_>,
 ) -> Option<Route> {
     let span = raw.span();
@@ -995,7 +997,8 @@ fn compile_route(
     });
     let upstream = upstreams
         .iter()
-        .position(|upstream| upstream.name == *raw.upstream.get_ref());
+        .find(|upstream| upstream.name == *raw.upstream.get_ref())
+        .cloned();
     if upstream.is_none() {
         let known: Vec<&str> = upstreams
             .iter()
@@ -1020,7 +1023,7 @@ fn compile_route(
     for entry in &raw.limits {
         let entry_span = entry.span();
         let entry = entry.get_ref();
-        let Some(limit) = limits.iter().position(|limit| *limit.name == *entry.limit) else {
+        let Some(limit) = limits.iter().find(|limit| *limit.name == *entry.limit) else {
             let known: Vec<&str> = limits.iter().map(|limit| &*limit.name).collect();
             errors.at(
                 Some(entry_span),
@@ -1033,7 +1036,7 @@ fn compile_route(
             );
             continue;
         };
-        if !seen.insert(limit) {
+        if !seen.insert(&limit.name) {
             errors.at(
                 Some(entry_span),
                 format!("{key}.limits"),
@@ -1049,15 +1052,16 @@ fn compile_route(
             ),
             None => route_cost,
         };
-        let capacity = limits[limit].capacity;
+        let capacity = limit.capacity;
         if cost > capacity {
             errors.at(Some(entry_span), format!("{key}.limits"), format!("cost {cost} is larger than limit {:?}'s capacity {capacity}: no request could ever pass; raise the capacity or lower the cost", entry.limit));
         }
-        route_limits.push(RouteLimit { limit, cost });
+        route_limits.push(RouteLimit {
+            limit: limit.clone(),
+            cost,
+        });
     }
-    let reads_body = route_limits
-        .iter()
-        .any(|entry| limits[entry.limit].reads_body());
+    let reads_body = route_limits.iter().any(|entry| entry.limit.reads_body());
     Some(Route {
         name: Arc::from(name.as_str()),
         host,
@@ -1116,17 +1120,22 @@ fn list_or_none(names: &[&str]) -> String {
 /// Valid but suspicious policy.
 fn warnings(policy: &Policy) -> Vec<String> {
     let mut warnings = Vec::new();
-    for (index, limit) in policy.limits.iter().enumerate() {
-        if !policy
-            .routes
-            .iter()
-            .any(|route| route.limits.iter().any(|entry| entry.limit == index))
-        {
+    for limit in &policy.limits {
+        if !policy.routes.iter().any(|route| {
+            route
+                .limits
+                .iter()
+                .any(|entry| Arc::ptr_eq(&entry.limit, limit))
+        }) {
             warnings.push(format!("limit {:?} is not used by any route", limit.name));
         }
     }
-    for (index, upstream) in policy.upstreams.iter().enumerate() {
-        if !policy.routes.iter().any(|route| route.upstream == index) {
+    for upstream in &policy.upstreams {
+        if !policy
+            .routes
+            .iter()
+            .any(|route| Arc::ptr_eq(&route.upstream, upstream))
+        {
             warnings.push(format!(
                 "upstream {:?} is not used by any route",
                 upstream.name
@@ -1218,7 +1227,7 @@ pub(super) fn summary(policy: &Policy) -> String {
         let limits: Vec<String> = route
             .limits
             .iter()
-            .map(|entry| format!("{} ({})", policy.limits[entry.limit].name, entry.cost))
+            .map(|entry| format!("{} ({})", entry.limit.name, entry.cost))
             .collect();
         let _ = writeln!(
             out,
@@ -1226,7 +1235,7 @@ pub(super) fn summary(policy: &Policy) -> String {
             route.name,
             methods,
             path,
-            policy.upstreams[route.upstream].name,
+            route.upstream.name,
             route.on_store_failure.as_str(),
             if limits.is_empty() {
                 "-".to_owned()

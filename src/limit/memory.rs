@@ -202,7 +202,7 @@ impl MemoryStore {
                     now,
                 );
             }
-            Decision { admitted, verdicts }
+            Decision::new(admitted, verdicts)
         })
     }
 
@@ -358,6 +358,7 @@ mod tests {
                 enforce: true,
             },
             adaptive: None,
+            route_limit: 0,
         }
     }
 
@@ -367,11 +368,11 @@ mod tests {
         let alice = [request("login", 1, 2.0, 1.0, 1.0)];
         let bob = [request("login", 2, 2.0, 1.0, 1.0)];
         let alice_elsewhere = [request("export", 1, 2.0, 1.0, 1.0)];
-        assert!(store.decide(&alice).admitted);
-        assert!(store.decide(&alice).admitted);
-        assert!(!store.decide(&alice).admitted);
-        assert!(store.decide(&bob).admitted);
-        assert!(store.decide(&alice_elsewhere).admitted);
+        assert!(store.decide(&alice).is_admitted());
+        assert!(store.decide(&alice).is_admitted());
+        assert!(!store.decide(&alice).is_admitted());
+        assert!(store.decide(&bob).is_admitted());
+        assert!(store.decide(&alice_elsewhere).is_admitted());
     }
 
     #[test]
@@ -380,9 +381,9 @@ mod tests {
         let old = [request("login", 1, 1.0, 1.0, 1.0)];
         let mut new = old.clone();
         new[0].key.fingerprint = 8;
-        assert!(store.decide(&old).admitted);
-        assert!(!store.decide(&old).admitted);
-        assert!(store.decide(&new).admitted);
+        assert!(store.decide(&old).is_admitted());
+        assert!(!store.decide(&old).is_admitted());
+        assert!(store.decide(&new).is_admitted());
     }
 
     #[test]
@@ -393,10 +394,13 @@ mod tests {
             .collect();
         let mut last = requests.clone();
         last.push(request("tiny", 0, 1.0, 1.0, 1.0));
-        assert!(store.decide(&last[40..]).admitted);
-        assert!(!store.decide(&last).admitted, "the tiny bucket is empty");
+        assert!(store.decide(&last[40..]).is_admitted());
         assert!(
-            store.decide(&requests).admitted,
+            !store.decide(&last).is_admitted(),
+            "the tiny bucket is empty"
+        );
+        assert!(
+            store.decide(&requests).is_admitted(),
             "nothing was charged by the refusal"
         );
     }
@@ -406,11 +410,9 @@ mod tests {
         let clock = Clock::manual();
         let store = MemoryStore::new(1_000_000, clock.clone());
         for who in 0..=255u8 {
-            assert!(
-                store
-                    .decide(&[request("net", who, 10.0, 1.0, 1.0)])
-                    .admitted
-            );
+            assert!(store
+                .decide(&[request("net", who, 10.0, 1.0, 1.0)])
+                .is_admitted());
         }
         assert_eq!(store.len(), 256);
         clock.advance(Duration::from_millis(999));
@@ -425,9 +427,9 @@ mod tests {
     fn a_refused_new_key_does_not_take_a_slot() {
         let store = MemoryStore::new(1000, Clock::manual());
         let mut requests = vec![request("a", 1, 1.0, 1.0, 1.0)];
-        assert!(store.decide(&requests).admitted);
+        assert!(store.decide(&requests).is_admitted());
         requests.push(request("b", 2, 5.0, 1.0, 1.0));
-        assert!(!store.decide(&requests).admitted);
+        assert!(!store.decide(&requests).is_admitted());
         assert_eq!(store.len(), 1, "b's bucket is full and needs no state");
     }
 
@@ -437,7 +439,7 @@ mod tests {
         let store = MemoryStore::new(16, clock.clone());
         // An old, heavily used key: far from full.
         let heavy = [request("net", 0, 100.0, 0.001, 100.0)];
-        assert!(store.decide(&heavy).admitted);
+        assert!(store.decide(&heavy).is_admitted());
         for who in 1..=200u8 {
             clock.advance(Duration::from_millis(1));
             store.decide(&[request("net", who, 10.0, 1.0, 1.0)]);
@@ -445,7 +447,7 @@ mod tests {
         }
         assert!(store.evicted_before_full() > 0);
         assert!(
-            !store.decide(&heavy).admitted,
+            !store.decide(&heavy).is_admitted(),
             "the emptiest bucket survived the pressure"
         );
     }

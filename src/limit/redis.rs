@@ -186,7 +186,7 @@ impl RedisStore {
             }
         };
         call.success();
-        for ((request, key), verdict) in requests.iter().zip(keys.iter()).zip(&decision.verdicts) {
+        for ((request, key), verdict) in requests.iter().zip(keys.iter()).zip(decision.verdicts()) {
             if !verdict.sufficient {
                 self.deny_cache.remember(
                     key,
@@ -226,10 +226,7 @@ impl RedisStore {
                 }
             })
             .collect();
-        refused.then_some(Decision {
-            admitted: false,
-            verdicts,
-        })
+        refused.then_some(Decision::Refuse(verdicts))
     }
 
     /// Decides in Redis, or times out at `deadline`; gives the keys back with the decision.
@@ -263,10 +260,7 @@ impl RedisStore {
                 Verdict::observed(&request.charge.scaled(multiplier), tokens, sufficient)
             })
             .collect();
-        let decision = Decision {
-            admitted: reply.admitted,
-            verdicts,
-        };
+        let decision = Decision::new(reply.admitted, verdicts);
         Ok((keys, decision))
     }
 
@@ -321,7 +315,7 @@ impl RedisStore {
                 }
             }
         }
-        Ok(Decision { admitted, verdicts })
+        Ok(Decision::new(admitted, verdicts))
     }
 
     /// One slot's buckets of one request, decided by a call of their own.

@@ -24,10 +24,11 @@ use tokio::sync::watch;
 
 use super::{ConnectionGuards, Watchdog};
 use crate::gateway::{Connection, Gateway, RequestBody};
-use crate::header_names::KnownNames;
 use crate::respond::SetFields;
 use crate::upstream::header_tokens;
-use crate::{write_header_field, Body};
+use crate::wire::header_names::KnownNames;
+use crate::wire::write_header_field;
+use crate::Body;
 
 /// hyper's default limit on the number of request header fields; beyond it hyper answers 431.
 const MAX_HEADERS: usize = 100;
@@ -134,7 +135,7 @@ where
             &mut out,
         );
         // The head is written: the map can hold another response's.
-        crate::header_maps::give_back(parts.headers);
+        crate::wire::header_maps::give_back(parts.headers);
         let written = tokio::select! {
             written = write_body(io, &mut out, body, head.framing) => written,
             _ = watchdog.until_idle() => return Ending::Closed,
@@ -228,7 +229,7 @@ pub(super) fn parse_request(
         return Parsed::HandOver;
     };
     // The gateway adds nothing to this map on the way upstream (see `upstream::Forwarding`).
-    let mut headers = crate::header_maps::take(ranges.len());
+    let mut headers = crate::wire::header_maps::take(ranges.len());
     for (name, value) in ranges {
         let (Some(name), Ok(value)) = (
             names.name(&head[name]),

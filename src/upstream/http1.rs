@@ -27,8 +27,9 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::client::TlsStream;
 
 use super::{header_tokens, Forwarding};
-use crate::header_names::KnownNames;
-use crate::{write_header_field, Body, BoxError};
+use crate::wire::header_names::KnownNames;
+use crate::wire::write_header_field;
+use crate::{Body, BoxError};
 
 /// A response head larger than this is refused.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -390,7 +391,7 @@ fn parse_head(
         Version::HTTP_10
     };
     // The gateway's own fields go beside the map (`respond::SetFields`), not into it.
-    let mut headers = crate::header_maps::take(parsed.headers.len());
+    let mut headers = crate::wire::header_maps::take(parsed.headers.len());
     // Noted on the way, so that a response without them is not searched for them.
     let (mut transfer_encoding, mut connection) = (false, false);
     let base = buffer.as_ptr() as usize;

@@ -1,0 +1,63 @@
+//! Background tasks of a running gateway: the overload factor's ticker, the sweep of idle
+//! buckets, and the watch on the policy file. Each holds the gateway weakly and ends with it.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::shared::Shared;
+use crate::Tollgate;
+
+/// Recomputes the overload factor every 100 ms.
+pub(crate) fn spawn_load_ticker(shared: Weak<Shared>) {
+    tokio::spawn(async move {
+        let period = Duration::from_millis(100);
+        let mut interval = tokio::time::interval(period);
+        loop {
+            interval.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                break;
+            };
+            let runtime = shared.runtime.load();
+            let factor = shared
+                .load
+                .tick(runtime.policy.overload.as_ref(), period.as_secs_f64());
+            shared.metrics.load_factor.set(factor);
+        }
+    });
+}
+
+/// Drops state that carries no information any more (full buckets) every 5 s.
+pub(crate) fn spawn_sweeper(shared: Weak<Shared>) {
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            interval.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                break;
+            };
+            shared.store.sweep();
+            shared.local.sweep();
+        }
+    });
+}
+
+/// Reloads whenever the policy file's content changes (polled every 2 s; cheap).
+pub(crate) fn spawn_config_watch(gateway: Weak<Tollgate>, path: PathBuf) {
+    tokio::spawn(async move {
+        let mut last = std::fs::read(&path).ok();
+        let mut interval = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            interval.tick().await;
+            let Some(gateway): Option<Arc<Tollgate>> = gateway.upgrade() else {
+                break;
+            };
+            let current = std::fs::read(&path).ok();
+            if current.is_some() && current != last {
+                last = current;
+                tracing::info!(path = %path.display(), "policy file changed");
+                let _ = gateway.reload_from_file();
+            }
+        }
+    });
+}

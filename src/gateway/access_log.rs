@@ -1,0 +1,95 @@
+//! The access log: one line per request (target `tollgate::access`), filled in as the request
+//! moves through the phases, written when the answer is known or when the client goes away.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+
+use crate::metrics::Outcome;
+use crate::RequestId;
+
+/// One line of the access log.
+pub(super) struct Exchange {
+    /// When the request came in; read only when the access log is on (a clock read per
+    /// request is not free on a virtual machine).
+    pub(super) started: Option<Instant>,
+    pub(super) method: Method,
+    pub(super) path: String,
+    pub(super) client: Option<IpAddr>,
+    /// Only the access log reads it, like `started` and `limit`.
+    pub(super) route: Option<Arc<str>>,
+    pub(super) outcome: Option<Outcome>,
+    pub(super) limit: Option<String>,
+    pub(super) upstream: Option<Duration>,
+    pub(super) request_id: RequestId,
+    logged: bool,
+}
+
+impl Exchange {
+    pub(super) fn new(method: Method, request_id: RequestId) -> Exchange {
+        Exchange {
+            started: enabled().then(Instant::now),
+            method,
+            path: String::new(),
+            client: None,
+            route: None,
+            outcome: None,
+            limit: None,
+            upstream: None,
+            request_id,
+            logged: false,
+        }
+    }
+
+    pub(super) fn log(&mut self, status: StatusCode) {
+        self.logged = true;
+        write(self, status);
+    }
+}
+
+impl Drop for Exchange {
+    /// A request whose client went away before the answer still gets its line, with nginx's
+    /// 499 ("client closed request").
+    fn drop(&mut self) {
+        if !self.logged {
+            if let Ok(status) = StatusCode::from_u16(499) {
+                write(self, status);
+            }
+        }
+    }
+}
+
+/// Whether access lines are written: what only the log reads is not worked out otherwise.
+pub(super) fn enabled() -> bool {
+    tracing::enabled!(target: "tollgate::access", tracing::Level::INFO)
+}
+
+fn write(exchange: &Exchange, status: StatusCode) {
+    if !enabled() {
+        return;
+    }
+    let outcome = exchange.outcome.map_or("", Outcome::as_str);
+    let client = exchange
+        .client
+        .map(|client| client.to_string())
+        .unwrap_or_default();
+    let route = exchange.route.as_deref().unwrap_or("");
+    let limit = exchange.limit.as_deref().unwrap_or("");
+    let milliseconds = |elapsed: Duration| (elapsed.as_secs_f64() * 1e6).round() / 1e3;
+    let upstream_ms = exchange.upstream.map_or(-1.0, milliseconds);
+    tracing::info!(
+        target: "tollgate::access",
+        client = %client,
+        method = %exchange.method,
+        path = %exchange.path,
+        route,
+        status = status.as_u16(),
+        outcome,
+        limit,
+        duration_ms = exchange.started.map_or(-1.0, |started| milliseconds(started.elapsed())),
+        upstream_ms,
+        request_id = exchange.request_id.as_str(),
+    );
+}

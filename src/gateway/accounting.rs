@@ -1,0 +1,230 @@
+//! What a store's decision means for a request, as a pure function: what each bucket is
+//! charged and how full it is left, which enforcing limits refused, whether a shadow limit
+//! would have, and what the client is told. The gateway then records it in the metrics.
+
+use smallvec::SmallVec;
+
+use super::reject::Reports;
+use crate::limit::{BucketRequest, Decision};
+use crate::respond::LimitReport;
+
+/// A decision, accounted for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accounting<'a> {
+    pub admitted: bool,
+    /// One entry per bucket the store observed.
+    pub buckets: SmallVec<[BucketAccount; 4]>,
+    /// The enforcing limits, as the client is told of them.
+    pub reports: Reports<'a>,
+    /// The request was admitted although a shadow limit would have refused it.
+    pub shadow_refused: bool,
+}
+
+/// One observed bucket's share of a decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketAccount {
+    /// The route's limit it belongs to (see [`BucketRequest::route_limit`]).
+    pub route_limit: usize,
+    /// Tokens left over capacity, within [0, 1].
+    pub fill_ratio: f64,
+    /// Tokens charged (0 unless the request was admitted and the bucket could pay).
+    pub charged: f64,
+    /// An enforcing bucket that could not pay.
+    pub refused: bool,
+}
+
+/// Accounts for `decision` on `buckets` (the verdicts are in the buckets' order).
+pub fn account<'a>(buckets: &[BucketRequest<'a>], decision: &Decision) -> Accounting<'a> {
+    let admitted = decision.is_admitted();
+    let mut accounting = Accounting {
+        admitted,
+        buckets: SmallVec::new(),
+        reports: SmallVec::new(),
+        shadow_refused: false,
+    };
+    for (bucket, verdict) in buckets.iter().zip(decision.verdicts()) {
+        if !verdict.observed {
+            continue;
+        }
+        let enforce = bucket.charge.enforce;
+        accounting.buckets.push(BucketAccount {
+            route_limit: bucket.route_limit,
+            fill_ratio: (verdict.tokens / verdict.capacity).clamp(0.0, 1.0),
+            charged: if admitted && verdict.sufficient {
+                bucket.charge.cost
+            } else {
+                0.0
+            },
+            refused: enforce && !verdict.sufficient,
+        });
+        accounting.shadow_refused |= admitted && !enforce && !verdict.sufficient;
+        if enforce {
+            accounting.reports.push(LimitReport {
+                name: bucket.key.limit,
+                capacity: verdict.capacity,
+                rate: verdict.rate,
+                cost: bucket.charge.cost,
+                tokens: verdict.tokens,
+                full_in: verdict.full_in,
+                wait: verdict.wait,
+                refused: !admitted && !verdict.sufficient,
+            });
+        }
+    }
+    accounting
+}
+
+impl Accounting<'_> {
+    /// The names of the limits that refused, comma-separated (for logs).
+    pub fn refusing(&self) -> String {
+        let names: SmallVec<[&str; 4]> = self
+            .reports
+            .iter()
+            .filter(|report| report.refused)
+            .map(|report| report.name)
+            .collect();
+        names.join(",")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{BucketKey, Charge, KeyParts, Verdict, Verdicts};
+
+    fn bucket(
+        limit: &'static str,
+        route_limit: usize,
+        cost: f64,
+        enforce: bool,
+    ) -> BucketRequest<'static> {
+        BucketRequest {
+            key: BucketKey {
+                limit,
+                fingerprint: 1,
+                parts: KeyParts::new(),
+            },
+            charge: Charge {
+                capacity: 10.0,
+                rate: 1.0,
+                cost,
+                enforce,
+            },
+            adaptive: None,
+            route_limit,
+        }
+    }
+
+    /// The verdict of a bucket of `bucket`'s charge that held `tokens` before the decision.
+    fn verdict(bucket: &BucketRequest<'_>, tokens_before: f64, charged: bool) -> Verdict {
+        let sufficient = tokens_before >= bucket.charge.cost;
+        let after = if charged {
+            tokens_before - bucket.charge.cost
+        } else {
+            tokens_before
+        };
+        Verdict::observed(&bucket.charge, after, sufficient)
+    }
+
+    #[test]
+    fn an_admitted_request_charges_every_bucket_and_reports_its_enforcing_ones() {
+        let buckets = [
+            bucket("per_network", 0, 2.0, true),
+            bucket("everyone", 2, 1.0, true),
+        ];
+        let verdicts: Verdicts = [
+            verdict(&buckets[0], 10.0, true),
+            verdict(&buckets[1], 5.0, true),
+        ]
+        .into_iter()
+        .collect();
+        let accounting = account(&buckets, &Decision::Admit(verdicts));
+        assert!(accounting.admitted);
+        assert!(!accounting.shadow_refused);
+        let charged: Vec<(usize, f64)> = accounting
+            .buckets
+            .iter()
+            .map(|bucket| (bucket.route_limit, bucket.charged))
+            .collect();
+        assert_eq!(charged, [(0, 2.0), (2, 1.0)]);
+        assert_eq!(accounting.buckets[0].fill_ratio, 0.8);
+        assert_eq!(accounting.buckets[1].fill_ratio, 0.4);
+        assert_eq!(accounting.reports.len(), 2);
+        assert!(accounting.reports.iter().all(|report| !report.refused));
+        assert_eq!(accounting.reports[0].tokens, 8.0);
+        assert_eq!(accounting.refusing(), "");
+    }
+
+    #[test]
+    fn a_refusal_charges_nothing_and_names_only_the_limits_that_could_not_pay() {
+        let buckets = [
+            bucket("per_account", 0, 1.0, true),
+            bucket("per_network", 1, 1.0, true),
+            bucket("everyone", 2, 1.0, true),
+        ];
+        let verdicts: Verdicts = [
+            verdict(&buckets[0], 0.5, false),
+            verdict(&buckets[1], 4.0, false),
+            verdict(&buckets[2], 0.0, false),
+        ]
+        .into_iter()
+        .collect();
+        let accounting = account(&buckets, &Decision::Refuse(verdicts));
+        assert!(!accounting.admitted);
+        assert!(accounting
+            .buckets
+            .iter()
+            .all(|bucket| bucket.charged == 0.0));
+        let refused: Vec<bool> = accounting
+            .buckets
+            .iter()
+            .map(|bucket| bucket.refused)
+            .collect();
+        assert_eq!(refused, [true, false, true]);
+        assert_eq!(accounting.refusing(), "per_account,everyone");
+        assert!(accounting.reports[0].wait > 0.0);
+    }
+
+    #[test]
+    fn a_shadow_limit_that_cannot_pay_marks_an_admitted_request_and_is_not_reported() {
+        let buckets = [
+            bucket("enforced", 0, 1.0, true),
+            bucket("tuning", 1, 1.0, false),
+        ];
+        let verdicts: Verdicts = [
+            verdict(&buckets[0], 3.0, true),
+            verdict(&buckets[1], 0.0, false),
+        ]
+        .into_iter()
+        .collect();
+        let accounting = account(&buckets, &Decision::Admit(verdicts));
+        assert!(accounting.admitted);
+        assert!(accounting.shadow_refused);
+        assert_eq!(
+            accounting.reports.len(),
+            1,
+            "shadow limits are not reported"
+        );
+        assert_eq!(accounting.reports[0].name, "enforced");
+        assert!(
+            !accounting.buckets[1].refused,
+            "a shadow limit never counts as refusing"
+        );
+        assert_eq!(accounting.buckets[1].charged, 0.0);
+    }
+
+    #[test]
+    fn buckets_the_store_did_not_observe_are_left_out() {
+        let buckets = [
+            bucket("per_network", 0, 1.0, true),
+            bucket("per_user", 1, 1.0, true),
+        ];
+        let verdicts: Verdicts = [Verdict::unobserved(), verdict(&buckets[1], 0.0, false)]
+            .into_iter()
+            .collect();
+        let accounting = account(&buckets, &Decision::Refuse(verdicts));
+        assert_eq!(accounting.buckets.len(), 1);
+        assert_eq!(accounting.buckets[0].route_limit, 1);
+        assert_eq!(accounting.refusing(), "per_user");
+    }
+}

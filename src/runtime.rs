@@ -1,0 +1,85 @@
+//! What requests read that a reload replaces at once: the policy, and each route compiled with
+//! everything its requests need — its limits with their costs and metric handles, its
+//! upstream pool, its own counters. Built once per reload and swapped whole: requests in
+//! flight keep the runtime they started with.
+
+use std::sync::Arc;
+
+use crate::config::{Limit, Policy, Route};
+use crate::metrics::{LimitMetrics, Metrics, RouteMetrics};
+use crate::upstream::UpstreamPool;
+
+#[derive(Debug)]
+pub struct Runtime {
+    pub policy: Policy,
+    /// In match order: the first that matches wins.
+    pub routes: Vec<ServedRoute>,
+    /// Some route matches on the host.
+    pub matches_hosts: bool,
+}
+
+/// A route as the gateway serves it.
+#[derive(Debug)]
+pub struct ServedRoute {
+    pub route: Route,
+    /// In the route's order.
+    pub limits: Vec<AppliedLimit>,
+    pub upstream: Arc<UpstreamPool>,
+    pub metrics: RouteMetrics,
+}
+
+/// One of a route's limits, with what the route charges and where it counts.
+#[derive(Debug)]
+pub struct AppliedLimit {
+    pub limit: Arc<Limit>,
+    pub cost: f64,
+    pub metrics: LimitMetrics,
+}
+
+impl AsRef<Route> for ServedRoute {
+    fn as_ref(&self) -> &Route {
+        &self.route
+    }
+}
+
+impl Runtime {
+    /// Compiles `policy` for serving: one pool per upstream, shared by the routes that name it.
+    pub fn new(policy: Policy, metrics: &Metrics) -> Result<Runtime, String> {
+        let pools = policy
+            .upstreams
+            .iter()
+            .map(|upstream| Ok((upstream.clone(), Arc::new(UpstreamPool::new(upstream)?))))
+            .collect::<Result<Vec<_>, String>>()?;
+        let routes = policy
+            .routes
+            .iter()
+            .map(|route| {
+                let upstream = pools
+                    .iter()
+                    .find(|(upstream, _)| Arc::ptr_eq(upstream, &route.upstream))
+                    .map(|(_, pool)| pool.clone())
+                    .ok_or_else(|| format!("route {:?}: no pool for its upstream", route.name))?;
+                let limits = route
+                    .limits
+                    .iter()
+                    .map(|entry| AppliedLimit {
+                        limit: entry.limit.clone(),
+                        cost: entry.cost,
+                        metrics: metrics.for_route_limit(route, &entry.limit),
+                    })
+                    .collect();
+                Ok(ServedRoute {
+                    route: route.clone(),
+                    limits,
+                    upstream,
+                    metrics: metrics.for_route(route),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Runtime {
+            matches_hosts: policy.routes.iter().any(|route| route.host.is_some()),
+            routes,
+            policy,
+        })
+    }
+}

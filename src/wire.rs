@@ -1,0 +1,14 @@
+//! What both of the gateway's own HTTP/1.1 paths (the server's and the upstream client's)
+//! share about the wire: header names and their per-connection cache, reused header maps,
+//! and the field writer.
+
+pub(crate) mod header_maps;
+pub(crate) mod header_names;
+
+/// One header field, `name: value` and its line end, into an HTTP/1.1 head.
+pub(crate) fn write_header_field(out: &mut bytes::BytesMut, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}

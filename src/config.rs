@@ -3,6 +3,7 @@
 
 mod compile;
 pub mod raw;
+mod summary;
 pub mod units;
 
 use std::fmt;
@@ -333,7 +334,7 @@ impl Policy {
 
     /// The compiled policy as a readable table (`tollgate check`).
     pub fn summary(&self) -> String {
-        compile::summary(self)
+        summary::summary(self)
     }
 }
 

@@ -1,0 +1,374 @@
+//! `[limits.NAME]` and `[overload]`: buckets, their keys, adaptive penalties, charges by
+//! status, and the factor that shrinks every rate while the upstream struggles.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use toml::Spanned;
+
+use super::server::{networks, prefix_length};
+use super::Errors;
+use crate::config::raw::{self, RawKey};
+use crate::config::{Adaptive, ClientIpSettings, KeySource, Limit, Overload};
+use crate::limit::AdaptiveParams;
+
+pub(super) fn compile_limit(
+    name: String,
+    raw: Spanned<raw::RawLimit>,
+    client_ip: &ClientIpSettings,
+    errors: &mut Errors<'_>,
+) -> Option<Limit> {
+    let key = format!("limits.{name}");
+    let span = raw.span();
+    let raw = raw.into_inner();
+    if !valid_name(&name) {
+        errors.at(
+            Some(span.clone()),
+            &key,
+            format!("invalid limit name {name:?}: use letters, digits, '_', '-' and '.'"),
+        );
+    }
+    let capacity = *raw.capacity.get_ref();
+    let adaptive = raw
+        .adaptive
+        .map(|adaptive| compile_adaptive(adaptive, &key, capacity, errors));
+    let charge_on_status = raw
+        .charge_on_status
+        .map(|charges| compile_charges(charges, &key, errors))
+        .unwrap_or_default();
+    if !(capacity.is_finite() && capacity > 0.0) {
+        errors.at(Some(raw.capacity.span()), format!("{key}.capacity"), format!("{capacity} is out of range: a capacity (burst, in tokens) must be greater than zero"));
+    }
+    let sources = match raw.key.get_ref() {
+        RawKey::One(source) => vec![source.clone()],
+        RawKey::Composite(sources) => sources.clone(),
+    };
+    if sources.len() > 1 && sources.contains(&KeySource::Global) {
+        errors.at(
+            Some(raw.key.span()),
+            format!("{key}.key"),
+            "\"global\" cannot be part of a composite key: it is one bucket for everyone",
+        );
+    }
+    let key_sources: Vec<KeySource> = sources
+        .into_iter()
+        .filter(|source| *source != KeySource::Global)
+        .collect();
+    let exempt = raw
+        .exempt
+        .as_ref()
+        .map(|exempt| {
+            networks(
+                exempt.get_ref(),
+                &format!("{key}.exempt"),
+                exempt.span(),
+                errors,
+            )
+        })
+        .unwrap_or_default();
+    let ipv4_prefix = prefix_length(
+        raw.ipv4_prefix.as_ref(),
+        32,
+        client_ip.ipv4_prefix,
+        &format!("{key}.ipv4_prefix"),
+        errors,
+    );
+    let ipv6_prefix = prefix_length(
+        raw.ipv6_prefix.as_ref(),
+        128,
+        client_ip.ipv6_prefix,
+        &format!("{key}.ipv6_prefix"),
+        errors,
+    );
+    let rate = raw.rate.get_ref().0;
+    let normalize = raw.normalize.unwrap_or_default();
+    let fingerprint = fingerprint(&[
+        &format!("{key_sources:?}"),
+        &format!("{normalize:?}"),
+        &capacity.to_bits().to_string(),
+        &rate.per_second().to_bits().to_string(),
+        &ipv4_prefix.to_string(),
+        &ipv6_prefix.to_string(),
+    ]);
+    Some(Limit {
+        name: Arc::from(name.as_str()),
+        key: key_sources,
+        normalize,
+        missing: raw.missing.unwrap_or_default(),
+        capacity,
+        rate,
+        mode: raw.mode.unwrap_or_default(),
+        exempt,
+        ipv4_prefix,
+        ipv6_prefix,
+        fingerprint,
+        adaptive,
+        charge_on_status,
+    })
+}
+
+fn status_code(value: i64) -> Option<u16> {
+    u16::try_from(value)
+        .ok()
+        .filter(|status| (100..=599).contains(status))
+}
+
+fn compile_adaptive(
+    raw: Spanned<raw::RawAdaptive>,
+    key: &str,
+    capacity: f64,
+    errors: &mut Errors<'_>,
+) -> Adaptive {
+    let span = Some(raw.span());
+    let raw = raw.into_inner();
+    let key = format!("{key}.adaptive");
+    let mut on_status = Vec::new();
+    for status in &raw.on_status {
+        match status_code(*status) {
+            Some(status) => on_status.push(status),
+            None => errors.at(
+                span.clone(),
+                format!("{key}.on_status"),
+                format!("{status} is not an HTTP status: expected 100 to 599"),
+            ),
+        }
+    }
+    if raw.on_status.is_empty() {
+        errors.at(
+            span.clone(),
+            format!("{key}.on_status"),
+            "empty: list the upstream statuses that count as errors, such as [401, 403]",
+        );
+    }
+    let threshold = match u32::try_from(raw.threshold) {
+        Ok(threshold) if (1..=1000).contains(&threshold) => threshold,
+        _ => {
+            errors.at(
+                span.clone(),
+                format!("{key}.threshold"),
+                format!(
+                    "{} is out of range: expected 1 to 1000 errors",
+                    raw.threshold
+                ),
+            );
+            1
+        }
+    };
+    check_factor(raw.factor, &format!("{key}.factor"), span.clone(), errors);
+    let min_capacity = raw.min_capacity.unwrap_or(1.0);
+    if !(min_capacity.is_finite() && min_capacity > 0.0 && min_capacity <= capacity) {
+        errors.at(span.clone(), format!("{key}.min_capacity"), format!("{min_capacity} is out of range: expected more than 0 and at most the limit's capacity {capacity}"));
+    }
+    if raw.window.0.is_zero() {
+        errors.at(
+            span.clone(),
+            format!("{key}.window"),
+            "must be longer than zero",
+        );
+    }
+    if raw.hold.0 < raw.window.0 {
+        errors.at(
+            span,
+            format!("{key}.hold"),
+            format!(
+                "hold ({}) must be at least the window ({})",
+                humantime::format_duration(raw.hold.0),
+                humantime::format_duration(raw.window.0)
+            ),
+        );
+    }
+    Adaptive {
+        on_status,
+        params: AdaptiveParams {
+            threshold,
+            window: raw.window.0.as_secs_f64(),
+            factor: raw.factor,
+            min_capacity,
+            hold: raw.hold.0.as_secs_f64(),
+        },
+    }
+}
+
+fn compile_charges(
+    raw: Spanned<BTreeMap<String, f64>>,
+    key: &str,
+    errors: &mut Errors<'_>,
+) -> Vec<(u16, f64)> {
+    let span = Some(raw.span());
+    let mut charges = Vec::new();
+    for (status, tokens) in raw.into_inner() {
+        let Some(code) = status.parse::<i64>().ok().and_then(status_code) else {
+            errors.at(
+                span.clone(),
+                format!("{key}.charge_on_status"),
+                format!("{status:?} is not an HTTP status: expected 100 to 599, such as 404 = 5"),
+            );
+            continue;
+        };
+        if !(tokens.is_finite() && tokens >= 0.0) {
+            errors.at(
+                span.clone(),
+                format!("{key}.charge_on_status.{status}"),
+                format!("{tokens} is out of range: a charge is 0 or more tokens"),
+            );
+            continue;
+        }
+        charges.push((code, tokens));
+    }
+    charges
+}
+
+/// A multiplier that shrinks limits: in (0, 1].
+fn check_factor(factor: f64, key: &str, span: Option<Range<usize>>, errors: &mut Errors<'_>) {
+    if !(factor.is_finite() && factor > 0.0 && factor <= 1.0) {
+        errors.at(
+            span,
+            key,
+            format!("{factor} is out of range: expected a factor in (0, 1], such as 0.5"),
+        );
+    }
+}
+
+pub(super) fn compile_overload(
+    raw: Spanned<raw::RawOverload>,
+    errors: &mut Errors<'_>,
+) -> Option<Overload> {
+    let span = Some(raw.span());
+    let raw = raw.into_inner();
+    check_factor(raw.factor, "overload.factor", span.clone(), errors);
+    let max_inflight = match raw.max_inflight {
+        Some(value) if value >= 1 => Some(value as u64),
+        Some(value) => {
+            errors.at(
+                span.clone(),
+                "overload.max_inflight",
+                format!("{value} is out of range: expected at least 1"),
+            );
+            None
+        }
+        None => None,
+    };
+    let latency_target = raw.latency_target.map(|target| target.0);
+    if latency_target.is_some_and(|target| target.is_zero()) {
+        errors.at(
+            span.clone(),
+            "overload.latency_target",
+            "must be longer than zero",
+        );
+    }
+    if max_inflight.is_none() && latency_target.is_none() {
+        errors.at(
+            span,
+            "overload",
+            "set max_inflight, latency_target or both: what counts as overloaded",
+        );
+        return None;
+    }
+    Some(Overload {
+        max_inflight,
+        latency_target,
+        factor: raw.factor,
+    })
+}
+
+fn fingerprint(parts: &[&str]) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    for part in parts {
+        hasher.update(part.as_bytes());
+        hasher.update(&[0]);
+    }
+    let digest = hasher.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest.as_bytes()[..8]);
+    u64::from_le_bytes(first)
+}
+
+pub(super) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'-' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{error, errors, policy};
+    use crate::config::{KeySource, Mode};
+
+    #[test]
+    fn a_limit_is_compiled_with_its_key_and_prefixes() {
+        let policy = policy(
+            "[client_ip]\nipv6_prefix = 48\n[limits.login]\nkey = [\"client_network\", { header = \"x-user\" }]\ncapacity = 5\nrate = \"1/min\"\nmode = \"shadow\"\n",
+        );
+        let limit = policy.limit("login").unwrap();
+        assert_eq!(limit.capacity, 5.0);
+        assert!((limit.rate.per_second() - 1.0 / 60.0).abs() < 1e-12);
+        assert_eq!(limit.mode, Mode::Shadow);
+        assert_eq!(limit.key.len(), 2);
+        assert!(matches!(limit.key[0], KeySource::ClientNetwork));
+        assert_eq!(
+            (limit.ipv4_prefix, limit.ipv6_prefix),
+            (32, 48),
+            "the client_ip defaults"
+        );
+        assert!((limit.refill_seconds() - 300.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_changed_definition_changes_the_fingerprint_and_a_renamed_mode_does_not() {
+        let fingerprint = |text: &str| policy(text).limit("a").unwrap().fingerprint;
+        let base = "[limits.a]\nkey = \"global\"\ncapacity = 5\nrate = \"1/s\"\n";
+        assert_eq!(fingerprint(base), fingerprint(base));
+        assert_ne!(fingerprint(base), fingerprint(&base.replace("5", "6")));
+        assert_ne!(fingerprint(base), fingerprint(&base.replace("1/s", "2/s")));
+        assert_eq!(
+            fingerprint(base),
+            fingerprint(&format!("{base}mode = \"shadow\"\n")),
+            "shadow and enforce share the bucket: switching keeps its state"
+        );
+    }
+
+    #[test]
+    fn bad_limits_name_the_key_that_is_wrong() {
+        let limit = |extra: &str| {
+            format!("[limits.a]\nkey = \"global\"\ncapacity = 5\nrate = \"1/s\"\n{extra}")
+        };
+        assert_eq!(
+            error(&limit("").replace("capacity = 5", "capacity = 0")).0,
+            "limits.a.capacity"
+        );
+        assert_eq!(
+            error("[limits.a]\nkey = [\"global\", \"client_network\"]\ncapacity = 5\nrate = \"1/s\"\n").0,
+            "limits.a.key"
+        );
+        assert_eq!(
+            error(&limit("ipv6_prefix = 129\n")).0,
+            "limits.a.ipv6_prefix"
+        );
+        assert_eq!(error(&limit("exempt = [\"nope\"]\n")).0, "limits.a.exempt");
+        assert_eq!(
+            error(&limit("[limits.a.charge_on_status]\n99 = 1\n")).0,
+            "limits.a.charge_on_status"
+        );
+        let adaptive = errors(&limit(
+            "[limits.a.adaptive]\non_status = [401]\nthreshold = 0\nwindow = \"1m\"\nfactor = 2.0\nhold = \"10m\"\n",
+        ));
+        let keys: Vec<&str> = adaptive.iter().map(|(key, _)| key.as_str()).collect();
+        assert!(keys.contains(&"limits.a.adaptive.threshold"), "{keys:?}");
+        assert!(keys.contains(&"limits.a.adaptive.factor"), "{keys:?}");
+    }
+
+    #[test]
+    fn overload_needs_a_trigger_and_a_factor_in_range() {
+        let policy = policy("[overload]\nmax_inflight = 100\nfactor = 0.5\n");
+        let overload = policy.overload.expect("overload");
+        assert_eq!(overload.max_inflight, Some(100));
+        assert_eq!(overload.factor, 0.5);
+        assert_eq!(error("[overload]\nfactor = 0.5\n").0, "overload");
+        assert_eq!(
+            error("[overload]\nmax_inflight = 100\nfactor = 0\n").0,
+            "overload.factor"
+        );
+    }
+}

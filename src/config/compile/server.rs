@@ -1,0 +1,330 @@
+//! `[server]`, `[admin]` and `[client_ip]`: listeners, timeouts and sizes, and which
+//! forwarding hops are trusted.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use toml::Spanned;
+
+use super::{duration_or, resolve, Errors};
+use crate::client_ip::Trust;
+use crate::config::raw;
+use crate::config::{AdminSettings, ClientIpSettings, ServerSettings, TlsFiles};
+
+const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
+const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+/// hyper cannot read request heads into a buffer smaller than this.
+const MIN_HEADER_BYTES: i64 = 8192;
+
+pub(super) fn compile_server(
+    raw: raw::RawServer,
+    base: Option<&Path>,
+    errors: &mut Errors<'_>,
+) -> ServerSettings {
+    let listen = match raw.listen {
+        Some(listen) => {
+            let span = listen.span();
+            if listen.get_ref().is_empty() {
+                errors.at(
+                    Some(span.clone()),
+                    "server.listen",
+                    "at least one address is needed, such as \"0.0.0.0:8080\" or \"[::]:8080\"",
+                );
+            }
+            listen
+                .into_inner()
+                .iter()
+                .filter_map(|address| {
+                    socket_address(address, "server.listen", Some(span.clone()), errors)
+                })
+                .collect()
+        }
+        None => vec![DEFAULT_LISTEN
+            .parse()
+            .expect("the default listen address is valid")],
+    };
+    let tls = raw.tls.map(|tls| {
+        let tls = tls.into_inner();
+        TlsFiles {
+            cert: resolve(base, &tls.cert),
+            key: resolve(base, &tls.key),
+        }
+    });
+    let max_header_bytes = match raw.max_header_bytes {
+        Some(bytes) if (MIN_HEADER_BYTES..=1 << 20).contains(bytes.get_ref()) => {
+            *bytes.get_ref() as usize
+        }
+        Some(bytes) => {
+            errors.at(
+                Some(bytes.span()),
+                "server.max_header_bytes",
+                format!(
+                    "{} is out of range: expected {MIN_HEADER_BYTES} to 1048576",
+                    bytes.get_ref()
+                ),
+            );
+            16384
+        }
+        None => 16384,
+    };
+    let max_buffered_body = match raw.max_buffered_body {
+        Some(size) if size.get_ref().0 == 0 => {
+            errors.at(
+                Some(size.span()),
+                "server.max_buffered_body",
+                "must be greater than zero, such as \"64KiB\"",
+            );
+            0
+        }
+        Some(size) => usize::try_from(size.get_ref().0).unwrap_or(usize::MAX),
+        None => 64 * 1024,
+    };
+    let header_read_timeout = duration_or(raw.header_read_timeout, Duration::from_secs(10));
+    let idle_timeout = duration_or(raw.idle_timeout, Duration::from_secs(60));
+    for (key, value) in [
+        ("server.header_read_timeout", header_read_timeout),
+        ("server.idle_timeout", idle_timeout),
+    ] {
+        if value.is_zero() {
+            errors.at(None, key, "must be longer than zero");
+        }
+    }
+    ServerSettings {
+        listen,
+        tls,
+        header_read_timeout,
+        idle_timeout,
+        max_header_bytes,
+        max_buffered_body,
+        grace_period: duration_or(raw.grace_period, Duration::from_secs(30)),
+        ratelimit_headers: raw.ratelimit_headers.unwrap_or_default(),
+    }
+}
+
+fn socket_address(
+    text: &str,
+    key: &str,
+    span: Option<Range<usize>>,
+    errors: &mut Errors<'_>,
+) -> Option<SocketAddr> {
+    match text.parse() {
+        Ok(address) => Some(address),
+        Err(_) => {
+            errors.at(span, key, format!("invalid address {text:?}: expected IP:port such as \"0.0.0.0:8080\", \"127.0.0.1:9090\" or \"[::]:8080\""));
+            None
+        }
+    }
+}
+
+pub(super) fn compile_admin(raw: raw::RawAdmin, errors: &mut Errors<'_>) -> AdminSettings {
+    let listen = match raw.listen {
+        Some(listen) => socket_address(
+            listen.get_ref(),
+            "admin.listen",
+            Some(listen.span()),
+            errors,
+        ),
+        None => None,
+    };
+    AdminSettings {
+        listen: listen.unwrap_or_else(|| {
+            DEFAULT_ADMIN_LISTEN
+                .parse()
+                .expect("the default admin address is valid")
+        }),
+    }
+}
+
+pub(super) fn prefix_length(
+    value: Option<&Spanned<i64>>,
+    max: i64,
+    default: u8,
+    key: &str,
+    errors: &mut Errors<'_>,
+) -> u8 {
+    match value {
+        None => default,
+        Some(value) if (0..=max).contains(value.get_ref()) => *value.get_ref() as u8,
+        Some(value) => {
+            errors.at(
+                Some(value.span()),
+                key,
+                format!(
+                    "prefix length {} is out of range: expected 0 to {max}",
+                    value.get_ref()
+                ),
+            );
+            default
+        }
+    }
+}
+
+pub(super) fn compile_client_ip(
+    raw: raw::RawClientIp,
+    errors: &mut Errors<'_>,
+) -> ClientIpSettings {
+    let ipv4_prefix = prefix_length(
+        raw.ipv4_prefix.as_ref(),
+        32,
+        32,
+        "client_ip.ipv4_prefix",
+        errors,
+    );
+    let ipv6_prefix = prefix_length(
+        raw.ipv6_prefix.as_ref(),
+        128,
+        64,
+        "client_ip.ipv6_prefix",
+        errors,
+    );
+    let trust = match (raw.trusted_hops, raw.trusted_proxies) {
+        (Some(hops), Some(_)) => {
+            errors.at(Some(hops.span()), "client_ip", "trusted_hops and trusted_proxies are both set: choose one (hops counts proxies from the right, proxies names their networks)");
+            Trust::Hops(0)
+        }
+        (Some(hops), None) => match usize::try_from(*hops.get_ref()) {
+            Ok(count) if count <= 32 => Trust::Hops(count),
+            _ => {
+                errors.at(
+                    Some(hops.span()),
+                    "client_ip.trusted_hops",
+                    format!(
+                        "{} is out of range: expected 0 (the TCP peer is the client) to 32",
+                        hops.get_ref()
+                    ),
+                );
+                Trust::Hops(0)
+            }
+        },
+        (None, Some(proxies)) => {
+            let span = proxies.span();
+            Trust::Proxies(networks(
+                proxies.get_ref(),
+                "client_ip.trusted_proxies",
+                span,
+                errors,
+            ))
+        }
+        (None, None) => Trust::Hops(0),
+    };
+    ClientIpSettings {
+        trust,
+        ipv4_prefix,
+        ipv6_prefix,
+    }
+}
+
+/// Parses networks (`"10.0.0.0/8"`) and single addresses (`"10.0.0.1"`, taken as /32 or /128).
+pub(super) fn networks(
+    texts: &[String],
+    key: &str,
+    span: Range<usize>,
+    errors: &mut Errors<'_>,
+) -> Vec<IpNet> {
+    texts
+        .iter()
+        .filter_map(|text| {
+            let parsed = text
+                .parse::<IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from));
+            match parsed {
+                Ok(network) => Some(network.trunc()),
+                Err(_) => {
+                    errors.at(Some(span.clone()), key, format!("invalid network {text:?}: expected CIDR such as \"10.0.0.0/8\" or \"fd00::/8\", or an address"));
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::testing::{error, policy};
+    use crate::client_ip::Trust;
+
+    #[test]
+    fn defaults_listen_on_8080_with_the_admin_on_loopback() {
+        let policy = policy("");
+        let server = &policy.server;
+        assert_eq!(server.listen, ["0.0.0.0:8080".parse().unwrap()]);
+        assert_eq!(policy.admin.listen, "127.0.0.1:9090".parse().unwrap());
+        assert_eq!(server.max_header_bytes, 16384);
+        assert_eq!(server.max_buffered_body, 64 * 1024);
+        assert_eq!(server.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(server.idle_timeout, Duration::from_secs(60));
+        assert_eq!(server.grace_period, Duration::from_secs(30));
+        assert_eq!(policy.client_ip.trust, Trust::Hops(0));
+        assert_eq!(
+            (policy.client_ip.ipv4_prefix, policy.client_ip.ipv6_prefix),
+            (32, 64)
+        );
+    }
+
+    #[test]
+    fn settings_are_read_and_checked() {
+        let policy = policy(
+            "[server]\nlisten = [\"[::]:80\", \"127.0.0.1:81\"]\nmax_header_bytes = 8192\nmax_buffered_body = \"1MiB\"\nidle_timeout = \"5s\"\n",
+        );
+        assert_eq!(policy.server.listen.len(), 2);
+        assert_eq!(policy.server.max_header_bytes, 8192);
+        assert_eq!(policy.server.max_buffered_body, 1 << 20);
+        assert_eq!(policy.server.idle_timeout, Duration::from_secs(5));
+        assert_eq!(
+            error("[server]\nmax_header_bytes = 100\n"),
+            (
+                "server.max_header_bytes".to_owned(),
+                "100 is out of range: expected 8192 to 1048576".to_owned()
+            )
+        );
+        assert_eq!(error("[server]\nlisten = []\n").0, "server.listen");
+        assert_eq!(
+            error("[server]\nidle_timeout = \"0s\"\n").0,
+            "server.idle_timeout"
+        );
+        assert_eq!(
+            error("[server]\nmax_buffered_body = 0\n").0,
+            "server.max_buffered_body"
+        );
+    }
+
+    #[test]
+    fn client_ip_trusts_hops_or_networks_never_both() {
+        let hops = policy("[client_ip]\ntrusted_hops = 2\nipv6_prefix = 56\n");
+        assert_eq!(hops.client_ip.trust, Trust::Hops(2));
+        assert_eq!(hops.client_ip.ipv6_prefix, 56);
+        let proxies = policy("[client_ip]\ntrusted_proxies = [\"10.1.2.3/8\", \"fd00::1\"]\n");
+        assert_eq!(
+            proxies.client_ip.trust,
+            Trust::Proxies(vec![
+                "10.0.0.0/8".parse().unwrap(),
+                "fd00::1/128".parse().unwrap()
+            ]),
+            "networks are truncated to their prefix, addresses taken whole"
+        );
+        assert_eq!(
+            error("[client_ip]\ntrusted_hops = 1\ntrusted_proxies = [\"10.0.0.0/8\"]\n").0,
+            "client_ip"
+        );
+        assert_eq!(
+            error("[client_ip]\ntrusted_hops = 33\n").0,
+            "client_ip.trusted_hops"
+        );
+        assert_eq!(
+            error("[client_ip]\nipv4_prefix = 33\n"),
+            (
+                "client_ip.ipv4_prefix".to_owned(),
+                "prefix length 33 is out of range: expected 0 to 32".to_owned()
+            )
+        );
+        assert_eq!(
+            error("[client_ip]\ntrusted_proxies = [\"10.0.0.0/33\"]\n").0,
+            "client_ip.trusted_proxies"
+        );
+    }
+}

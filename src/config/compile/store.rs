@@ -1,0 +1,189 @@
+//! `[store]`: where buckets live (memory, or Redis on one node or a Cluster), its bounds and
+//! the secret that hashes request-derived keys.
+
+use std::path::Path;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::{duration_or, resolve, Errors};
+use crate::config::raw;
+use crate::config::{Backend, RedisSettings, StoreSettings};
+
+const DEFAULT_MAX_KEYS: i64 = 1_000_000;
+
+pub(super) fn compile_store(
+    raw: raw::RawStore,
+    base: Option<&Path>,
+    errors: &mut Errors<'_>,
+) -> StoreSettings {
+    let backend = raw
+        .backend
+        .as_ref()
+        .map_or(Backend::Memory, |backend| *backend.get_ref());
+    let max_keys = match raw.max_keys {
+        None => DEFAULT_MAX_KEYS as usize,
+        Some(keys) if *keys.get_ref() >= 1 => *keys.get_ref() as usize,
+        Some(keys) => {
+            errors.at(
+                Some(keys.span()),
+                "store.max_keys",
+                format!("{} is out of range: expected at least 1", keys.get_ref()),
+            );
+            1
+        }
+    };
+    if let Some(key) = &raw.hash_key {
+        if key.get_ref().len() < 16 {
+            errors.at(
+                Some(key.span()),
+                "store.hash_key",
+                "too short: use at least 16 characters of secret (or set TOLLGATE_HASH_KEY)",
+            );
+        }
+    }
+    let hash_key = raw.hash_key.map(Spanned::into_inner).or_else(|| {
+        std::env::var("TOLLGATE_HASH_KEY")
+            .ok()
+            .filter(|key| !key.is_empty())
+    });
+    let redis = match backend {
+        Backend::Memory => None,
+        Backend::Redis => {
+            let span = raw.backend.as_ref().map(Spanned::span);
+            if hash_key.is_none() {
+                errors.at(
+                    span.clone(),
+                    "store.hash_key",
+                    "the redis backend needs a secret shared by every replica to hash keys taken from requests: set hash_key or the TOLLGATE_HASH_KEY environment variable",
+                );
+            }
+            let timeout = duration_or(raw.timeout, Duration::from_millis(50));
+            if timeout.is_zero() {
+                errors.at(span.clone(), "store.timeout", "must be longer than zero");
+            }
+            match &raw.url {
+                None => {
+                    errors.at(
+                        span,
+                        "store.url",
+                        "backend = \"redis\" needs url = \"redis://host:6379/0\" (or \"redis+cluster://host:port,host:port\")",
+                    );
+                    None
+                }
+                Some(url) => match redis_nodes(url.get_ref(), raw.cluster.unwrap_or(false)) {
+                    Ok((nodes, cluster)) => Some(RedisSettings {
+                        nodes,
+                        cluster,
+                        timeout,
+                        prefix: raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned()),
+                        ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
+                    }),
+                    Err(message) => {
+                        errors.at(Some(url.span()), "store.url", message);
+                        None
+                    }
+                },
+            }
+        }
+    };
+    StoreSettings {
+        backend,
+        max_keys,
+        hash_key,
+        redis,
+    }
+}
+
+/// Splits a store URL into one URL per node: `redis://[user:pass@]host:port[/db]`,
+/// `rediss://...` (TLS), `redis+cluster://host:port,host:port` (or `cluster = true`).
+fn redis_nodes(url: &str, cluster: bool) -> Result<(Vec<String>, bool), String> {
+    let expected = "expected \"redis://[user:password@]host:port[/db]\", \"rediss://...\" or \"redis+cluster://host:port,host:port\"";
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("invalid url {url:?}: {expected}"))?;
+    let (scheme, cluster) = match scheme {
+        "redis" | "rediss" => (scheme, cluster),
+        "redis+cluster" => ("redis", true),
+        "rediss+cluster" => ("rediss", true),
+        _ => {
+            return Err(format!(
+                "invalid url {url:?}: unknown scheme {scheme:?}; {expected}"
+            ))
+        }
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(slash) => rest.split_at(slash),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("{scheme}://{userinfo}{host}{path}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(format!("invalid url {url:?}: no host; {expected}"));
+    }
+    if !cluster && nodes.len() > 1 {
+        return Err(format!("invalid url {url:?}: several hosts need a cluster (\"redis+cluster://...\" or cluster = true)"));
+    }
+    for node in &nodes {
+        redis::IntoConnectionInfo::into_connection_info(node.as_str())
+            .map_err(|error| format!("invalid url {url:?}: {error}; {expected}"))?;
+    }
+    Ok((nodes, cluster))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::testing::{error, policy};
+    use super::redis_nodes;
+    use crate::config::Backend;
+
+    const SECRET: &str = "hash_key = \"0123456789abcdef\"\n";
+
+    #[test]
+    fn memory_is_the_default_and_redis_needs_a_url_and_a_secret() {
+        let memory = policy("");
+        assert_eq!(memory.store.backend, Backend::Memory);
+        assert_eq!(memory.store.max_keys, 1_000_000);
+        assert!(memory.store.redis.is_none());
+
+        let redis = policy(&format!(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://10.0.0.5:6380/2\"\n{SECRET}"
+        ));
+        let settings = redis.store.redis.expect("redis settings");
+        assert_eq!(settings.nodes, ["redis://10.0.0.5:6380/2"]);
+        assert!(!settings.cluster);
+        assert_eq!(settings.timeout, Duration::from_millis(50));
+        assert_eq!(settings.prefix, "tollgate:");
+
+        assert_eq!(
+            error(&format!("[store]\nbackend = \"redis\"\n{SECRET}")).0,
+            "store.url"
+        );
+        assert_eq!(
+            error("[store]\nbackend = \"redis\"\nhash_key = \"short\"\nurl = \"redis://h:1\"\n").0,
+            "store.hash_key"
+        );
+        assert_eq!(error("[store]\nmax_keys = 0\n").0, "store.max_keys");
+    }
+
+    #[test]
+    fn cluster_urls_list_their_seed_nodes() {
+        let (nodes, cluster) = redis_nodes("redis+cluster://a:7000,b:7001", false).unwrap();
+        assert!(cluster);
+        assert_eq!(nodes, ["redis://a:7000", "redis://b:7001"]);
+        let (nodes, cluster) = redis_nodes("redis://a:7000", true).unwrap();
+        assert!(cluster, "cluster = true makes one URL a seed");
+        assert_eq!(nodes, ["redis://a:7000"]);
+        assert!(redis_nodes("http://a:7000", false).is_err());
+    }
+}

@@ -1,0 +1,197 @@
+//! The compiled policy as a readable table (`tollgate check`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use http::Method;
+
+use super::{KeySource, Missing, Mode, Normalize, PathMatch, Policy};
+use crate::client_ip::Trust;
+
+pub(super) fn summary(policy: &Policy) -> String {
+    let mut out = String::new();
+    let listen: Vec<String> = policy
+        .server
+        .listen
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let _ = writeln!(
+        out,
+        "listen {}   admin {}",
+        listen.join(", "),
+        policy.admin.listen
+    );
+    let trust = match &policy.client_ip.trust {
+        Trust::Hops(0) => "the TCP peer is the client (trusted_hops = 0)".to_owned(),
+        Trust::Hops(hops) => format!("trust {hops} X-Forwarded-For hop(s)"),
+        Trust::Proxies(networks) => {
+            let networks: Vec<String> = networks.iter().map(ToString::to_string).collect();
+            format!("trust proxies in {}", networks.join(", "))
+        }
+    };
+    let _ = writeln!(
+        out,
+        "client address: {trust}; networks /{} (IPv4), /{} (IPv6)",
+        policy.client_ip.ipv4_prefix, policy.client_ip.ipv6_prefix
+    );
+    let _ = writeln!(
+        out,
+        "store: {}, max {} keys",
+        policy.store.backend.as_str(),
+        policy.store.max_keys
+    );
+    let _ = writeln!(out, "\nroutes (first match wins):");
+    let _ = writeln!(
+        out,
+        "  {:<16} {:<10} {:<28} {:<12} {:<16} limits (cost)",
+        "name", "methods", "path", "upstream", "on store failure"
+    );
+    for route in &policy.routes {
+        let methods = route.methods.as_ref().map_or("any".to_owned(), |methods| {
+            methods
+                .iter()
+                .map(Method::as_str)
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        let path = match &route.path {
+            PathMatch::Exact(path) => path.clone(),
+            PathMatch::Prefix(prefix) => format!("{}/*", prefix.trim_end_matches('/')),
+        };
+        let path = match &route.host {
+            Some(host) => format!("{host}{path}"),
+            None => path,
+        };
+        let limits: Vec<String> = route
+            .limits
+            .iter()
+            .map(|entry| format!("{} ({})", entry.limit.name, entry.cost))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {:<16} {:<10} {:<28} {:<12} {:<16} {}",
+            route.name,
+            methods,
+            path,
+            route.upstream.name,
+            route.on_store_failure.as_str(),
+            if limits.is_empty() {
+                "-".to_owned()
+            } else {
+                limits.join(", ")
+            }
+        );
+    }
+    let _ = writeln!(out, "\nlimits:");
+    let _ = writeln!(
+        out,
+        "  {:<16} {:<30} {:>9} {:>14} {:>12}  notes",
+        "name", "key", "capacity", "rate", "refill"
+    );
+    for limit in &policy.limits {
+        let key = if limit.key.is_empty() {
+            "global".to_owned()
+        } else {
+            limit
+                .key
+                .iter()
+                .map(describe_source)
+                .collect::<Vec<_>>()
+                .join(" + ")
+        };
+        let mut notes = Vec::new();
+        if limit.mode == Mode::Shadow {
+            notes.push("shadow".to_owned());
+        }
+        if limit.missing == Missing::Reject {
+            notes.push("missing key → 400".to_owned());
+        }
+        if limit.normalize != Normalize::None {
+            notes.push(format!("normalize {:?}", limit.normalize).to_lowercase());
+        }
+        if !limit.exempt.is_empty() {
+            notes.push(format!("{} exempt network(s)", limit.exempt.len()));
+        }
+        if let Some(adaptive) = &limit.adaptive {
+            let statuses: Vec<String> = adaptive.on_status.iter().map(u16::to_string).collect();
+            let params = adaptive.params;
+            notes.push(format!(
+                "adaptive: {} × {} within {} → ×{} (min {}) for {}",
+                params.threshold,
+                statuses.join("/"),
+                humantime::format_duration(Duration::from_secs_f64(params.window)),
+                params.factor,
+                params.min_capacity,
+                humantime::format_duration(Duration::from_secs_f64(params.hold)),
+            ));
+        }
+        for (status, tokens) in &limit.charge_on_status {
+            notes.push(format!("{status} costs +{tokens}"));
+        }
+        let _ = writeln!(
+            out,
+            "  {:<16} {:<30} {:>9} {:>14} {:>12}  {}",
+            limit.name,
+            key,
+            limit.capacity,
+            limit.rate.to_string(),
+            humantime::format_duration(Duration::from_secs_f64(
+                limit.refill_seconds().min(1e9).round()
+            ))
+            .to_string(),
+            notes.join(", ")
+        );
+    }
+    if let Some(overload) = &policy.overload {
+        let mut triggers = Vec::new();
+        if let Some(max) = overload.max_inflight {
+            triggers.push(format!("more than {max} upstream requests in flight"));
+        }
+        if let Some(target) = overload.latency_target {
+            triggers.push(format!(
+                "upstream latency above {}",
+                humantime::format_duration(target)
+            ));
+        }
+        let _ = writeln!(
+            out,
+            "\noverload: every rate × {} while {} (per replica)",
+            overload.factor,
+            triggers.join(" or ")
+        );
+    }
+    let upstreams: BTreeMap<&str, String> = policy
+        .upstreams
+        .iter()
+        .map(|upstream| {
+            let urls: Vec<String> = upstream
+                .targets
+                .iter()
+                .map(|target| target.url.to_string())
+                .collect();
+            (upstream.name.as_str(), urls.join(", "))
+        })
+        .collect();
+    let _ = writeln!(out, "\nupstreams:");
+    for (name, urls) in upstreams {
+        let _ = writeln!(out, "  {name:<16} {urls}");
+    }
+    for warning in &policy.warnings {
+        let _ = writeln!(out, "\nwarning: {warning}");
+    }
+    out
+}
+
+fn describe_source(source: &KeySource) -> String {
+    match source {
+        KeySource::ClientNetwork => "client_network".to_owned(),
+        KeySource::Global => "global".to_owned(),
+        KeySource::Header(name) => format!("header {name}"),
+        KeySource::Query(name) => format!("query {name}"),
+        KeySource::Cookie(name) => format!("cookie {name}"),
+        KeySource::JsonField(name) => format!("json {name}"),
+        KeySource::FormField(name) => format!("form {name}"),
+    }
+}

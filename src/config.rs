@@ -15,7 +15,9 @@ use std::time::Duration;
 use http::{Method, Uri};
 use ipnet::IpNet;
 
-pub use raw::{Backend, HeaderMode, KeySource, Missing, Mode, Normalize, StoreFailurePolicy};
+pub use raw::{
+    Backend, HeaderMode, Http1Path, KeySource, Missing, Mode, Normalize, StoreFailurePolicy,
+};
 pub use units::Rate;
 
 use crate::client_ip::Trust;
@@ -48,6 +50,7 @@ pub struct ServerSettings {
     pub max_buffered_body: usize,
     pub grace_period: Duration,
     pub ratelimit_headers: HeaderMode,
+    pub http1: Http1Path,
 }
 
 /// PEM files of the listener's certificate chain and private key.

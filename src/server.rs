@@ -2,7 +2,7 @@
 //! (keep-alive, upgrades) and HTTP/2 (ALPN, or h2c with prior knowledge) on the same port,
 //! enforce the connection-level guards (header read timeout, header size, idle timeout), and
 //! drain on shutdown. Plain bodyless HTTP/1.1 requests take the server's own path
-//! (`server/http1.rs`); hyper serves everything else.
+//! (`server/http1.rs`) unless `[server] http1 = "hyper"`; hyper serves everything else.
 
 use std::pin::pin;
 use std::pin::Pin;
@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::config::ServerSettings;
+use crate::config::{Http1Path, ServerSettings};
 use crate::gateway::{Connection, Gateway, RequestBody};
 use crate::respond::SetFields;
 
@@ -57,7 +57,7 @@ pub(crate) async fn serve(
         let peer = peer.ip().to_canonical();
         let (gateway, builder, shutdown) = (gateway.clone(), builder.clone(), shutdown.clone());
         let guards = ConnectionGuards {
-            own_http1: true,
+            own_http1: settings.http1 == Http1Path::Fast,
             max_head_bytes: settings.max_header_bytes.max(MIN_BUFFER),
             header_read_timeout: settings.header_read_timeout,
             idle_timeout: settings.idle_timeout,
@@ -76,7 +76,8 @@ pub(crate) async fn serve(
                 Ok(Ok(stream)) => {
                     let connection = Connection::new(peer, "https");
                     let guards = ConnectionGuards {
-                        own_http1: stream.get_ref().1.alpn_protocol() != Some(b"h2"),
+                        own_http1: guards.own_http1
+                            && stream.get_ref().1.alpn_protocol() != Some(b"h2"),
                         ..guards
                     };
                     serve_connection(stream, connection, gateway, builder, guards, shutdown).await;
@@ -120,7 +121,7 @@ async fn serve_connection<S>(
         activity: activity.clone(),
         read_ahead: Bytes::new(),
     };
-    let mut watchdog = Watchdog::new(activity, &guards);
+    let mut watchdog = Watchdog::new(activity.clone(), &guards);
     let mut buffer = BytesMut::new();
     if guards.own_http1 {
         let ending = http1::serve(
@@ -155,6 +156,10 @@ async fn serve_connection<S>(
     if draining {
         conn.as_mut().graceful_shutdown();
     }
+    // hyper times a head from its first byte: a connection that sends nothing at all is cut
+    // off here, as the own path does, at the header read timeout after the accept.
+    let mut silent = pin!(tokio::time::sleep(guards.header_read_timeout));
+    let mut heard = activity.count() > 0;
     loop {
         tokio::select! {
             result = conn.as_mut() => {
@@ -162,6 +167,13 @@ async fn serve_connection<S>(
                     tracing::debug!(%peer, %error, "connection ended with an error");
                 }
                 break;
+            }
+            _ = &mut silent, if !heard => {
+                heard = activity.count() > 0;
+                if !heard {
+                    tracing::debug!(%peer, "no request within the header read timeout");
+                    break;
+                }
             }
             _ = shutdown.changed(), if !draining => {
                 conn.as_mut().graceful_shutdown();
@@ -180,7 +192,8 @@ async fn serve_connection<S>(
 /// The per-connection settings of the protocol guards.
 #[derive(Clone, Copy)]
 struct ConnectionGuards {
-    /// Plain HTTP/1.1 requests take the server's own path (not after ALPN chose h2).
+    /// Plain HTTP/1.1 requests take the server's own path (`[server] http1 = "fast"`, and not
+    /// after ALPN chose h2).
     own_http1: bool,
     /// Longest request head (hyper's read buffer limit; longer heads get hyper's 431).
     max_head_bytes: usize,

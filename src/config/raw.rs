@@ -45,6 +45,7 @@ pub struct RawServer {
     pub max_buffered_body: Option<Spanned<HumanSize>>,
     pub grace_period: Option<HumanDuration>,
     pub ratelimit_headers: Option<HeaderMode>,
+    pub http1: Option<Http1Path>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -65,6 +66,17 @@ pub enum HeaderMode {
     Ietf,
     Both,
     None,
+}
+
+/// Which HTTP/1.1 server serves plain bodyless requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Http1Path {
+    /// The gateway's own keep-alive path (`server/http1.rs`); hyper serves everything else.
+    #[default]
+    Fast,
+    /// hyper serves every request.
+    Hyper,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -192,7 +192,21 @@ pub async fn start_gateway_with_clock(
     upstream: SocketAddr,
     clock: Option<Clock>,
 ) -> Tollgate {
-    let policy = compile(policy, upstream);
+    start_gateway_with_clock_on("fast", policy, upstream, clock).await
+}
+
+/// As [`start_gateway`], with `[server] http1` set to `http1` ("fast" or "hyper").
+pub async fn start_gateway_on(http1: &str, policy: &str, upstream: SocketAddr) -> Tollgate {
+    start_gateway_with_clock_on(http1, policy, upstream, None).await
+}
+
+pub async fn start_gateway_with_clock_on(
+    http1: &str,
+    policy: &str,
+    upstream: SocketAddr,
+    clock: Option<Clock>,
+) -> Tollgate {
+    let policy = compile_on(http1, policy, upstream);
     Tollgate::start(
         policy,
         Options {
@@ -205,19 +219,24 @@ pub async fn start_gateway_with_clock(
 }
 
 pub fn compile(policy: &str, upstream: SocketAddr) -> Policy {
-    let text = format!(
-        "{}\n{}",
-        "[server]\nlisten = [\"127.0.0.1:0\"]\n[admin]\nlisten = \"127.0.0.1:0\"\n",
-        policy.replace("{upstream}", &upstream.to_string())
-    );
-    let text = if policy.contains("[server]") {
+    compile_on("fast", policy, upstream)
+}
+
+/// Compiles `policy` with `{upstream}` replaced, listeners on ephemeral loopback ports (unless
+/// it has its own `[server]`) and `[server] http1 = "<http1>"`.
+pub fn compile_on(http1: &str, policy: &str, upstream: SocketAddr) -> Policy {
+    let policy = policy.replace("{upstream}", &upstream.to_string());
+    let setting = format!("http1 = \"{http1}\"\n");
+    let text = if policy.contains("[server]\n") {
         // The policy brings its own [server]; only the admin listener is added.
         format!(
             "[admin]\nlisten = \"127.0.0.1:0\"\n{}",
-            policy.replace("{upstream}", &upstream.to_string())
+            policy.replacen("[server]\n", &format!("[server]\n{setting}"), 1)
         )
     } else {
-        text
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n{setting}[admin]\nlisten = \"127.0.0.1:0\"\n{policy}"
+        )
     };
     Policy::parse("test policy", &text).unwrap_or_else(|errors| panic!("{errors}"))
 }

@@ -101,6 +101,7 @@ pub(super) fn compile_server(
         max_buffered_body,
         grace_period: duration_or(raw.grace_period, Duration::from_secs(30)),
         ratelimit_headers: raw.ratelimit_headers.unwrap_or_default(),
+        http1: raw.http1.unwrap_or_default(),
     }
 }
 
@@ -247,6 +248,7 @@ mod tests {
 
     use super::super::testing::{error, policy};
     use crate::client_ip::Trust;
+    use crate::config::Http1Path;
 
     #[test]
     fn defaults_listen_on_8080_with_the_admin_on_loopback() {
@@ -259,6 +261,7 @@ mod tests {
         assert_eq!(server.header_read_timeout, Duration::from_secs(10));
         assert_eq!(server.idle_timeout, Duration::from_secs(60));
         assert_eq!(server.grace_period, Duration::from_secs(30));
+        assert_eq!(server.http1, Http1Path::Fast);
         assert_eq!(policy.client_ip.trust, Trust::Hops(0));
         assert_eq!(
             (policy.client_ip.ipv4_prefix, policy.client_ip.ipv6_prefix),
@@ -269,8 +272,9 @@ mod tests {
     #[test]
     fn settings_are_read_and_checked() {
         let policy = policy(
-            "[server]\nlisten = [\"[::]:80\", \"127.0.0.1:81\"]\nmax_header_bytes = 8192\nmax_buffered_body = \"1MiB\"\nidle_timeout = \"5s\"\n",
+            "[server]\nlisten = [\"[::]:80\", \"127.0.0.1:81\"]\nmax_header_bytes = 8192\nmax_buffered_body = \"1MiB\"\nidle_timeout = \"5s\"\nhttp1 = \"hyper\"\n",
         );
+        assert_eq!(policy.server.http1, Http1Path::Hyper);
         assert_eq!(policy.server.listen.len(), 2);
         assert_eq!(policy.server.max_header_bytes, 8192);
         assert_eq!(policy.server.max_buffered_body, 1 << 20);

@@ -1,10 +1,9 @@
 //! Limits over real HTTP: bursts, costs, shared buckets, keys, shadow, exempt, headers.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use super::HTTP1;
+use crate::common::*;
 use tollgate::limit::Clock;
 
 const LOGIN: &str = r#"
@@ -73,7 +72,7 @@ const JSON: (&str, &str) = ("content-type", "application/json");
 #[tokio::test]
 async fn burst_then_429_with_retry_after_and_ratelimit_headers() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(LOGIN, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, LOGIN, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let from = ("x-forwarded-for", "198.51.100.7");
     for remaining in (0..5).rev() {
@@ -119,7 +118,8 @@ async fn refill_follows_the_clock() {
         "rate = \"1/h\"\n\n[limits.per_account]",
         "rate = \"1/s\"\n\n[limits.per_account]",
     );
-    let gateway = start_gateway_with_clock(&policy, upstream.address, Some(clock.clone())).await;
+    let gateway =
+        start_gateway_with_clock_on(HTTP1, &policy, upstream.address, Some(clock.clone())).await;
     let client = HttpClient::new(gateway.addresses[0]);
     for _ in 0..5 {
         assert_eq!(client.get("/", &[]).await.status, 200);
@@ -146,7 +146,7 @@ async fn refill_follows_the_clock() {
 #[tokio::test]
 async fn costs_charge_more_tokens_and_a_limit_shared_by_routes_is_one_bucket() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(LOGIN, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, LOGIN, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let user = ("x-user-id", "42");
     for _ in 0..2 {
@@ -185,7 +185,7 @@ async fn costs_charge_more_tokens_and_a_limit_shared_by_routes_is_one_bucket() {
 #[tokio::test]
 async fn credential_stuffing_from_many_addresses_is_stopped_per_account() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(LOGIN, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, LOGIN, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let mut statuses = Vec::new();
     for attempt in 0..10 {
@@ -234,7 +234,7 @@ async fn credential_stuffing_from_many_addresses_is_stopped_per_account() {
 #[tokio::test]
 async fn rotating_addresses_inside_one_ipv6_64_share_a_bucket() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(LOGIN, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, LOGIN, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let mut statuses = Vec::new();
     for attempt in 0..8 {
@@ -263,7 +263,7 @@ async fn rotating_addresses_inside_one_ipv6_64_share_a_bucket() {
 #[tokio::test]
 async fn spoofed_forwarded_for_entries_get_no_fresh_bucket() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(LOGIN, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, LOGIN, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let mut statuses = Vec::new();
     for attempt in 0..7 {
@@ -289,7 +289,7 @@ async fn spoofed_forwarded_for_entries_get_no_fresh_bucket() {
 async fn without_trusted_hops_the_peer_is_the_client_whatever_it_claims() {
     let upstream = start_upstream().await;
     let policy = LOGIN.replace("trusted_hops = 1", "trusted_hops = 0");
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     for attempt in 0..5 {
         let claim = format!("203.0.113.{attempt}");
@@ -317,7 +317,7 @@ async fn without_trusted_hops_the_peer_is_the_client_whatever_it_claims() {
 #[tokio::test]
 async fn path_variants_share_the_login_bucket() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(LOGIN, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, LOGIN, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let variants = [
         "/login",
@@ -361,7 +361,7 @@ async fn shadow_limits_count_but_never_refuse() {
         "capacity = 5\nrate = \"1/h\"",
         "capacity = 5\nrate = \"1/h\"\nmode = \"shadow\"",
     );
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     for _ in 0..8 {
         let reply = client.get("/", &[]).await;
@@ -398,7 +398,7 @@ async fn exempt_networks_are_never_limited() {
         "capacity = 5\nrate = \"1/h\"",
         "capacity = 5\nrate = \"1/h\"\nexempt = [\"10.0.0.0/8\"]",
     );
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     for _ in 0..10 {
         assert_eq!(
@@ -430,7 +430,7 @@ async fn exempt_networks_are_never_limited() {
 #[tokio::test]
 async fn all_or_nothing_a_refusal_charges_no_other_limit() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(LOGIN, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, LOGIN, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let from = ("x-forwarded-for", "198.51.100.50");
     for _ in 0..3 {
@@ -478,7 +478,7 @@ async fn missing_body_key_with_reject_is_400_and_form_bodies_are_read() {
         "{LOGIN}\n[limits.form_account]\nkey = {{ form_field = \"username\" }}\ncapacity = 1\nrate = \"1/h\"\n"
     )
     .replace("limits = [\"per_network\", \"per_account\", \"login_global\"]", "limits = [\"per_network\", \"per_account\", \"login_global\"]\n\n[[routes]]\nname = \"form-login\"\npath = \"/form-login\"\nupstream = \"app\"\nlimits = [\"form_account\"]");
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let reply = client.post("/login", &[JSON], r#"{"password":"x"}"#).await;
     assert_eq!(reply.status, 400);
@@ -514,7 +514,7 @@ async fn ietf_headers_and_problem_json() {
     let upstream = start_upstream().await;
     let policy =
         format!("[server]\nlisten = [\"127.0.0.1:0\"]\nratelimit_headers = \"ietf\"\n{LOGIN}");
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let from = ("x-forwarded-for", "198.51.100.9");
     let reply = client
@@ -561,7 +561,7 @@ async fn ietf_headers_and_problem_json() {
 #[tokio::test]
 async fn h2c_prior_knowledge_gets_the_same_limits() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(LOGIN, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, LOGIN, upstream.address).await;
     let client = HttpClient::h2c(gateway.addresses[0]);
     for _ in 0..5 {
         assert_eq!(client.get("/", &[]).await.status, 200);
@@ -578,7 +578,7 @@ async fn ipv6_peers_are_grouped_by_prefix() {
         "[server]\nlisten = [\"[::1]:0\"]\n{}",
         LOGIN.replace("trusted_hops = 1", "trusted_hops = 0")
     );
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     for _ in 0..5 {
         assert_eq!(client.get("/", &[]).await.status, 200);

@@ -1,13 +1,12 @@
 //! The proxy over real sockets: forwarding, protocol guards, upstream failures, upgrades,
 //! streaming, admin listener, reload and shutdown.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::HTTP1;
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -56,7 +55,7 @@ limits = ["per_network"]
 #[tokio::test]
 async fn forwards_with_forwarding_headers_and_without_hop_by_hop_headers() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(BASIC, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let reply = client
         .get(
@@ -97,7 +96,7 @@ async fn forwards_with_forwarding_headers_and_without_hop_by_hop_headers() {
 #[tokio::test]
 async fn request_ids_from_the_client_are_passed_through() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(BASIC, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let reply = client.get("/", &[("x-request-id", "abc-123")]).await;
     assert_eq!(reply.json()["headers"]["x-request-id"], "abc-123");
@@ -107,7 +106,7 @@ async fn request_ids_from_the_client_are_passed_through() {
 #[tokio::test]
 async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(BASIC, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let refused = client.get("/dead", &[]).await;
     assert_eq!(refused.status, 502);
@@ -134,7 +133,7 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
 #[tokio::test]
 async fn the_upstream_deadline_is_set_afresh_on_reused_connections() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(BASIC, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     assert_eq!(client.get("/", &[]).await.status, 200);
     // The first request's deadline (300 ms) passes while its connection is idle in the pool.
@@ -162,7 +161,7 @@ async fn round_robin_skips_an_address_that_refuses_connections() {
             first.address, second.address
         ),
     );
-    let gateway = start_gateway(&policy, first.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, first.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     for _ in 0..12 {
         assert_eq!(client.get("/", &[]).await.status, 200);
@@ -185,7 +184,7 @@ async fn no_route_is_404() {
         "name = \"default\"\npath_prefix = \"/\"",
         "name = \"default\"\npath_prefix = \"/app\"",
     );
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let reply = client.get("/elsewhere", &[]).await;
     assert_eq!(reply.status, 404);
@@ -202,7 +201,7 @@ async fn no_route_is_404() {
 #[tokio::test]
 async fn protocol_guards_answer_400_405_413_431() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(BASIC, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
     let address = gateway.addresses[0];
     let cases: [(&str, &[u8], u16); 6] = [
         ("no Host", b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n", 400),
@@ -242,7 +241,7 @@ async fn protocol_guards_answer_400_405_413_431() {
 #[tokio::test]
 async fn content_length_with_transfer_encoding_is_forwarded_chunked_only() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(BASIC, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
     let smuggling = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n6\r\nabcdef\r\n0\r\n\r\n";
     let response = raw(gateway.addresses[0], smuggling).await;
     assert_eq!(raw_status(&response), 200, "{response}");
@@ -258,7 +257,7 @@ async fn content_length_with_transfer_encoding_is_forwarded_chunked_only() {
 #[tokio::test]
 async fn a_chunked_body_larger_than_the_buffer_cap_is_413() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(BASIC, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let chunks = vec![Bytes::from(vec![b'{'; 600]), Bytes::from(vec![b' '; 600])];
     assert_eq!(client.post_stream("/login", chunks).await.status, 413);
@@ -267,7 +266,7 @@ async fn a_chunked_body_larger_than_the_buffer_cap_is_413() {
 #[tokio::test]
 async fn multi_megabyte_bodies_stream_through_intact() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(BASIC, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     let chunks: Vec<Bytes> = (0..64u32)
         .map(|index| {
@@ -295,7 +294,7 @@ async fn websocket_upgrade_passes_through_after_the_limits() {
         "capacity = 1000\nrate = \"1/h\"\n\n[limits.per_account]",
         "capacity = 1\nrate = \"1/h\"\n\n[limits.per_account]",
     );
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let address = gateway.addresses[0];
     let handshake = b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
     let (head, mut stream) = raw_head(address, handshake).await;
@@ -321,7 +320,7 @@ async fn websocket_upgrade_passes_through_after_the_limits() {
 #[tokio::test]
 async fn admin_endpoints_live_only_on_the_admin_listener() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(BASIC, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
     let admin = HttpClient::new(gateway.admin_address);
     assert_eq!(admin.get("/healthz", &[]).await.status, 200);
     assert_eq!(admin.get("/readyz", &[]).await.status, 200);
@@ -358,7 +357,7 @@ async fn login_status(client: &HttpClient) -> http::StatusCode {
 async fn reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() {
     let upstream = start_upstream().await;
     let policy = BASIC.replace("capacity = 1000", "capacity = 2");
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let client = HttpClient::new(gateway.addresses[0]);
     for _ in 0..2 {
         assert_eq!(client.get("/", &[]).await.status, 200);
@@ -372,7 +371,9 @@ async fn reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() {
         "key = { json_field = \"email\" }\ncapacity = 5",
     );
     assert_ne!(raised, policy);
-    gateway.reload(compile(&raised, upstream.address)).unwrap();
+    gateway
+        .reload(compile_on(HTTP1, &raised, upstream.address))
+        .unwrap();
     assert_eq!(
         client.get("/", &[]).await.status,
         429,
@@ -388,7 +389,7 @@ async fn reload_keeps_the_state_of_unchanged_limits_and_resets_changed_ones() {
 async fn shutdown_lets_an_in_flight_request_finish() {
     let upstream = start_upstream().await;
     let policy = BASIC.replace("timeout = \"300ms\"", "timeout = \"30s\"");
-    let gateway = std::sync::Arc::new(start_gateway(&policy, upstream.address).await);
+    let gateway = std::sync::Arc::new(start_gateway_on(HTTP1, &policy, upstream.address).await);
     let address = gateway.addresses[0];
     let slow = tokio::spawn(async move { HttpClient::new(address).get("/slow", &[]).await.status });
     // Wait until the slow request has reached the upstream.
@@ -416,7 +417,7 @@ async fn a_request_head_that_trickles_in_is_cut_off() {
         "max_header_bytes = 8192",
         "max_header_bytes = 8192\nheader_read_timeout = \"500ms\"",
     );
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
     stream
         .write_all(b"GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ")
@@ -437,7 +438,7 @@ async fn idle_keep_alive_connections_are_closed() {
         "max_header_bytes = 8192",
         "max_header_bytes = 8192\nidle_timeout = \"300ms\"",
     );
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let (head, mut stream) =
         raw_head(gateway.addresses[0], b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(raw_status(&head), 200);
@@ -462,7 +463,7 @@ async fn idle_keep_alive_connections_are_closed() {
 async fn a_client_that_goes_away_mid_request_is_not_counted_in_flight_forever() {
     let upstream = start_upstream().await;
     let policy = BASIC.replace("timeout = \"300ms\"", "timeout = \"30s\"");
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
     stream
         .write_all(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")

@@ -2,9 +2,8 @@
 //! the hand-over to hyper in the middle of a connection, and the connection guards (header
 //! read timeout, shutdown) on connections it serves.
 
-mod common;
-
-use common::*;
+use super::HTTP1;
+use crate::common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::Tollgate;
@@ -95,7 +94,7 @@ async fn read_response(stream: &mut TcpStream, head_request: bool) -> RawRespons
 /// Starts an upstream and a gateway, and sends `request` on a new connection to the gateway.
 async fn connect_and_send(policy: &str, request: &[u8]) -> (Upstream, Tollgate, TcpStream) {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, policy, upstream.address).await;
     let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
     stream.write_all(request).await.unwrap();
     (upstream, gateway, stream)
@@ -111,7 +110,7 @@ fn upstream_uri(response: &RawResponse) -> String {
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order_and_head_has_no_body() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(POLICY, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, POLICY, upstream.address).await;
     let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
     stream
         .write_all(
@@ -179,7 +178,7 @@ async fn connection_close_is_answered_in_kind_and_the_connection_ends() {
 #[tokio::test]
 async fn a_connection_that_sends_nothing_is_cut_off_after_the_header_read_timeout() {
     let upstream = start_upstream().await;
-    let gateway = start_gateway(POLICY, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, POLICY, upstream.address).await;
     let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
     assert!(
         rest_until_closed(&mut stream).await.is_some(),
@@ -191,7 +190,7 @@ async fn a_connection_that_sends_nothing_is_cut_off_after_the_header_read_timeou
 async fn shutdown_closes_idle_keep_alive_connections_at_once() {
     let upstream = start_upstream().await;
     let policy = POLICY.replace("header_read_timeout = \"400ms\"", "");
-    let gateway = start_gateway(&policy, upstream.address).await;
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
     let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
     stream
         .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")

@@ -1,0 +1,8 @@
+const HTTP1: &str = "hyper";
+
+#[path = "cases/http1.rs"]
+mod http1;
+#[path = "cases/limits.rs"]
+mod limits;
+#[path = "cases/proxy.rs"]
+mod proxy;

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The whole test suite on a machine that has the Rust toolchain: finds what the tests need
+# (redis-server and redis-cli, promtool, python3 with kubernetes-validate), installs what is
+# missing from Debian's packages and PyPI when it can, says what it does, then runs
+# `cargo test`. Arguments go to cargo test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_updated=0
+apt_install() {
+  if ! command -v apt-get >/dev/null; then
+    echo "test: $* missing and no apt-get here: install them and run again" >&2
+    exit 1
+  fi
+  local sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    sudo=(sudo)
+  fi
+  if ((apt_updated == 0)); then
+    "${sudo[@]}" apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "$@" >/dev/null
+}
+
+# The Redis tests start their own redis-server processes (and a 3-master cluster).
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  echo "test: installing redis-server and redis-tools from Debian"
+  apt_install redis-server redis-tools
+fi
+# The metrics and deployment tests check Prometheus files and /metrics with promtool.
+if ! command -v promtool >/dev/null; then
+  echo "test: installing prometheus (for promtool) from Debian"
+  apt_install prometheus
+fi
+# The deployment test validates the Kubernetes manifests against their schemas.
+if ! command -v python3 >/dev/null; then
+  echo "test: installing python3 from Debian"
+  apt_install python3 python3-pip
+fi
+if ! python3 -c "import kubernetes_validate" 2>/dev/null; then
+  echo "test: installing kubernetes-validate from PyPI"
+  python3 -m pip install --quiet kubernetes-validate 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages kubernetes-validate
+fi
+echo "test: redis-server $(redis-server --version | grep -o 'v=[^ ]*'), $(promtool --version 2>&1 | head -1)"
+
+exec cargo test --locked "$@"

@@ -42,7 +42,7 @@ use crate::respond::{self, FieldValue, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
 use crate::shared::Shared;
 use crate::upstream::{self, OutgoingBody};
-use crate::wire::header_maps;
+use crate::wire::{header_maps, message};
 use crate::{client_ip, path, route, Body};
 
 /// A client request's body as the server hands it over.
@@ -393,16 +393,13 @@ impl Gateway {
         connection: &Connection,
         exchange: &mut Exchange,
     ) -> Result<Forwarded, Reject<'r>> {
-        let upgrade = scan.upgrade && upstream::is_upgrade(&parts.headers);
+        let upgrade = scan.upgrade && message::is_upgrade(&parts.headers);
         let client_upgrade = if upgrade {
             parts.extensions.remove::<OnUpgrade>()
         } else {
             None
         };
-        if scan.transfer_encoding {
-            parts.headers.remove(header::CONTENT_LENGTH);
-        }
-        upstream::remove_hop_by_hop(&mut parts.headers, upgrade);
+        message::remove_hop_by_hop(&mut parts.headers, upgrade);
         let forwarding = upstream::Forwarding::new(
             scan.forwarded_for(&parts.headers),
             &exchange.request_id,
@@ -522,7 +519,7 @@ impl Gateway {
                 _ => return Err(Reject::UpgradeFailed),
             }
         }
-        upstream::remove_hop_by_hop(response.headers_mut(), switching);
+        message::remove_hop_by_hop(response.headers_mut(), switching);
         respond::add_ratelimit_headers(fields, header_mode, reports);
         Ok(response)
     }

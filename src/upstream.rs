@@ -286,17 +286,6 @@ fn target_uri(target: &UpstreamTarget, path: &str, query: Option<&str>) -> Uri {
     text.parse().unwrap_or_else(|_| Uri::from_static("/"))
 }
 
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
-
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -305,51 +294,6 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 pub fn peer_header(peer: IpAddr) -> HeaderValue {
     HeaderValue::from_str(&peer.to_canonical().to_string())
         .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
-}
-
-/// Whether the request asks to switch protocols (WebSocket): `Upgrade` named in `Connection`.
-pub fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
-        && header_tokens(headers, header::CONNECTION)
-            .any(|token| token.eq_ignore_ascii_case("upgrade"))
-}
-
-/// The comma-separated tokens of every `name` field (`Connection: keep-alive, Upgrade`).
-pub(crate) fn header_tokens(headers: &HeaderMap, name: HeaderName) -> impl Iterator<Item = &str> {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .map(str::trim)
-        .filter(|token| !token.is_empty())
-}
-
-/// Removes hop-by-hop headers, including those the `Connection` header names. With
-/// `keep_upgrade`, `Upgrade` and `Connection: upgrade` stay for the next hop.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // Most messages carry none: one pass over the names instead of a lookup per name.
-    let any = headers
-        .keys()
-        .any(|name| *name == header::UPGRADE || HOP_BY_HOP.contains(name));
-    if !any && !keep_upgrade {
-        return;
-    }
-    let named: Vec<HeaderName> = header_tokens(headers, header::CONNECTION)
-        .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
-        .filter(|name| !(keep_upgrade && *name == header::UPGRADE))
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-    if keep_upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        headers.remove(header::UPGRADE);
-    }
 }
 
 /// The fields the gateway sets on a forwarded request, replacing any the client sent:
@@ -454,34 +398,6 @@ impl<'a> Forwarding<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_go_including_those_named_by_connection() {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::CONNECTION,
-            "keep-alive, x-secret-hop".parse().unwrap(),
-        );
-        headers.insert("x-secret-hop", "1".parse().unwrap());
-        headers.insert("keep-alive", "timeout=5".parse().unwrap());
-        headers.insert(header::TE, "trailers".parse().unwrap());
-        headers.insert(header::UPGRADE, "websocket".parse().unwrap());
-        headers.insert("x-end-to-end", "kept".parse().unwrap());
-        remove_hop_by_hop(&mut headers, false);
-        assert_eq!(headers.len(), 1);
-        assert_eq!(headers["x-end-to-end"], "kept");
-    }
-
-    #[test]
-    fn upgrades_keep_their_headers() {
-        let mut headers = HeaderMap::new();
-        headers.insert(header::CONNECTION, "Upgrade".parse().unwrap());
-        headers.insert(header::UPGRADE, "websocket".parse().unwrap());
-        assert!(is_upgrade(&headers));
-        remove_hop_by_hop(&mut headers, true);
-        assert_eq!(headers[header::UPGRADE], "websocket");
-        assert_eq!(headers[header::CONNECTION], "upgrade");
-    }
 
     #[test]
     fn forwarded_headers_append_the_peer() {

@@ -82,6 +82,18 @@ fn script(path: &str) -> (Vec<u8>, Then) {
             "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this much",
             Then::Close,
         ),
+        // Both framings: the coding wins, and the length must not reach the client (a length
+        // shorter than the body forged the client's next response, a longer one swallowed it).
+        "/length-3-and-chunked" => answer(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+             b\r\nhello world\r\n0\r\n\r\n",
+            Then::Close,
+        ),
+        "/length-100-and-chunked" => answer(
+            "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n\
+             5\r\nhello\r\n0\r\n\r\n",
+            Then::Close,
+        ),
         "/garbage" => answer("SSH-2.0-OpenSSH_9.6\r\n\r\n", Then::Close),
         "/drop-next" => answer(
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
@@ -330,4 +342,36 @@ async fn a_reused_connection_that_fails_unanswered_is_retried_only_for_idempoten
     let reply = login(&client).await;
     assert_eq!(reply.status, 502);
     assert_eq!(upstream.connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_response_with_length_and_chunked_reaches_the_client_framed_once() {
+    let upstream = start_scripted_upstream().await;
+    for http1 in ["fast", "hyper"] {
+        let gateway = start_gateway_on(http1, POLICY, upstream.address).await;
+        for (path, body) in [
+            ("/length-3-and-chunked", "hello world"),
+            ("/length-100-and-chunked", "hello"),
+        ] {
+            let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
+            let request = format!(
+                "GET {path} HTTP/1.1\r\nHost: a\r\n\r\nGET /ok HTTP/1.1\r\nHost: a\r\n\r\n"
+            );
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let first = read_response(&mut stream, false).await;
+            assert_eq!(first.status(), 200, "{http1} {path}: {}", first.head);
+            assert_eq!(first.text(), body, "{http1} {path}: {}", first.head);
+            assert_ne!(
+                first.header("content-length").as_deref(),
+                Some(if body.len() == 11 { "3" } else { "100" }),
+                "{http1} {path}: the upstream's length was forwarded"
+            );
+            let second = read_response(&mut stream, false).await;
+            assert_eq!(
+                (second.status(), second.text().as_str()),
+                (200, "ok"),
+                "{http1} {path}: the next response is the upstream's own"
+            );
+        }
+    }
 }

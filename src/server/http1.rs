@@ -6,11 +6,10 @@
 //! hyper's protocol guards (400, 431, body framing, 100-continue, upgrades, h2c) still apply
 //! to it.
 
-use std::cell::RefCell;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ops::Range;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use bytes::BytesMut;
 use futures_util::FutureExt;
@@ -25,13 +24,11 @@ use tokio::sync::watch;
 use super::{ConnectionGuards, Watchdog};
 use crate::gateway::{Connection, Gateway, RequestBody};
 use crate::respond::SetFields;
-use crate::upstream::header_tokens;
+use crate::wire::date::with_date;
 use crate::wire::header_names::KnownNames;
+use crate::wire::message::{header_tokens, is_bodyless, MAX_REQUEST_FIELDS};
 use crate::wire::write_header_field;
 use crate::Body;
-
-/// hyper's default limit on the number of request header fields; beyond it hyper answers 431.
-const MAX_HEADERS: usize = 100;
 
 /// Body chunks up to this size are copied behind the response head and go out in one write;
 /// larger ones are written from where they are.
@@ -173,7 +170,7 @@ pub(super) fn parse_request(
     max_head: usize,
     names: &mut KnownNames,
 ) -> Parsed {
-    let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut fields = [const { MaybeUninit::uninit() }; MAX_REQUEST_FIELDS];
     let mut parsed = httparse::Request::new(&mut []);
     let config = httparse::ParserConfig::default();
     let head_length =
@@ -305,10 +302,7 @@ pub(super) fn encode_response_head(
     if !has_date {
         with_date(|date| write_header_field(out, b"date", date));
     }
-    let bodyless = status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
-    let framing = if bodyless {
+    let framing = if is_bodyless(status) {
         Framing::None
     } else {
         if !has_length {
@@ -335,25 +329,6 @@ pub(super) fn encode_response_head(
     }
     out.extend_from_slice(b"\r\n");
     ResponseHead { framing, close }
-}
-
-/// Calls `write` with the current `date` value (RFC 9110 IMF-fixdate), formatted at most once
-/// a second per thread.
-fn with_date<R>(write: impl FnOnce(&[u8]) -> R) -> R {
-    thread_local! {
-        static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
-    }
-    let now = SystemTime::now();
-    let second = now
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs());
-    DATE.with_borrow_mut(|(cached_second, date)| {
-        if *cached_second != second {
-            *cached_second = second;
-            *date = httpdate::fmt_http_date(now);
-        }
-        write(date.as_bytes())
-    })
 }
 
 /// Writes `out` (the response head) and the body after it. What is in hand goes out in one
@@ -542,7 +517,7 @@ mod tests {
         }
         let many = format!(
             "GET / HTTP/1.1\r\n{}\r\n",
-            "X: y\r\n".repeat(MAX_HEADERS + 1)
+            "X: y\r\n".repeat(MAX_REQUEST_FIELDS + 1)
         );
         assert!(matches!(parse(&many).0, Parsed::HandOver));
     }

@@ -26,14 +26,14 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_rustls::client::TlsStream;
 
-use super::{header_tokens, Forwarding};
+use super::Forwarding;
 use crate::wire::header_names::KnownNames;
+use crate::wire::message::{header_tokens, is_bodyless, MAX_RESPONSE_FIELDS};
 use crate::wire::write_header_field;
 use crate::{Body, BoxError};
 
 /// A response head larger than this is refused.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
-const MAX_HEADERS: usize = 128;
 /// Chunk-size lines and trailer fields longer than this are refused.
 const MAX_LINE_BYTES: usize = 8 * 1024;
 /// What one read asks the kernel for, at least.
@@ -370,7 +370,7 @@ fn parse_head(
     if buffer.is_empty() {
         return Ok(None);
     }
-    let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_RESPONSE_FIELDS];
     let mut parsed = httparse::Response::new(&mut []);
     let length = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
         &mut parsed,
@@ -447,11 +447,7 @@ fn framing<'v>(
     content_lengths: impl Iterator<Item = &'v [u8]>,
 ) -> Result<(Framing, bool), String> {
     let mut content_lengths = content_lengths.peekable();
-    if *method == Method::HEAD
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
+    if *method == Method::HEAD || is_bodyless(status) {
         return Ok((Framing::Empty, true));
     }
     if transfer_encoding {
@@ -928,7 +924,7 @@ mod tests {
         assert!(head("SMTP ready\r\n\r\n", &Method::GET).is_err());
         let many = format!(
             "HTTP/1.1 200 OK\r\n{}\r\n",
-            "x: y\r\n".repeat(MAX_HEADERS + 1)
+            "x: y\r\n".repeat(MAX_RESPONSE_FIELDS + 1)
         );
         assert!(head(&many, &Method::GET).is_err());
     }

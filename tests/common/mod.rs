@@ -376,6 +376,69 @@ pub async fn read_head(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&head).into_owned()
 }
 
+/// One response read off a keep-alive connection.
+pub struct RawResponse {
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    pub fn status(&self) -> u16 {
+        raw_status(&self.head)
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|line| {
+            let (field, value) = line.split_once(':')?;
+            field
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_owned())
+        })
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Reads one response, framed by Content-Length or chunked (no body after a HEAD).
+pub async fn read_response(stream: &mut TcpStream, head_request: bool) -> RawResponse {
+    let mut response = RawResponse {
+        head: read_head(stream).await,
+        body: Vec::new(),
+    };
+    if head_request {
+        return response;
+    }
+    if let Some(length) = response.header("content-length") {
+        response.body = vec![0; length.parse().expect("a numeric length")];
+        stream.read_exact(&mut response.body).await.expect("body");
+        return response;
+    }
+    assert_eq!(
+        response.header("transfer-encoding").as_deref(),
+        Some("chunked"),
+        "{}",
+        response.head
+    );
+    let mut byte = [0u8; 1];
+    loop {
+        let mut line = Vec::new();
+        while !line.ends_with(b"\r\n") {
+            stream.read_exact(&mut byte).await.expect("chunk size");
+            line.push(byte[0]);
+        }
+        let size = usize::from_str_radix(std::str::from_utf8(&line).unwrap().trim(), 16)
+            .expect("a hexadecimal chunk size");
+        let mut chunk = vec![0; size + 2];
+        stream.read_exact(&mut chunk).await.expect("chunk");
+        if size == 0 {
+            return response;
+        }
+        response.body.extend_from_slice(&chunk[..size]);
+    }
+}
+
 /// What the peer sent before closing the connection, or `None` if it is still open after 10 s.
 pub async fn rest_until_closed(stream: &mut TcpStream) -> Option<Vec<u8>> {
     let mut rest = Vec::new();

@@ -4,7 +4,7 @@
 
 use super::HTTP1;
 use crate::common::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tollgate::Tollgate;
 
@@ -27,69 +27,6 @@ path_prefix = "/"
 upstream = "app"
 limits = ["per_network"]
 "#;
-
-/// One response read off a keep-alive connection.
-struct RawResponse {
-    head: String,
-    body: Vec<u8>,
-}
-
-impl RawResponse {
-    fn status(&self) -> u16 {
-        raw_status(&self.head)
-    }
-
-    fn header(&self, name: &str) -> Option<String> {
-        self.head.lines().find_map(|line| {
-            let (field, value) = line.split_once(':')?;
-            field
-                .eq_ignore_ascii_case(name)
-                .then(|| value.trim().to_owned())
-        })
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// Reads one response, framed by Content-Length or chunked (no body after a HEAD).
-async fn read_response(stream: &mut TcpStream, head_request: bool) -> RawResponse {
-    let mut response = RawResponse {
-        head: read_head(stream).await,
-        body: Vec::new(),
-    };
-    if head_request {
-        return response;
-    }
-    if let Some(length) = response.header("content-length") {
-        response.body = vec![0; length.parse().expect("a numeric length")];
-        stream.read_exact(&mut response.body).await.expect("body");
-        return response;
-    }
-    assert_eq!(
-        response.header("transfer-encoding").as_deref(),
-        Some("chunked"),
-        "{}",
-        response.head
-    );
-    let mut byte = [0u8; 1];
-    loop {
-        let mut line = Vec::new();
-        while !line.ends_with(b"\r\n") {
-            stream.read_exact(&mut byte).await.expect("chunk size");
-            line.push(byte[0]);
-        }
-        let size = usize::from_str_radix(std::str::from_utf8(&line).unwrap().trim(), 16)
-            .expect("a hexadecimal chunk size");
-        let mut chunk = vec![0; size + 2];
-        stream.read_exact(&mut chunk).await.expect("chunk");
-        if size == 0 {
-            return response;
-        }
-        response.body.extend_from_slice(&chunk[..size]);
-    }
-}
 
 /// Starts an upstream and a gateway, and sends `request` on a new connection to the gateway.
 async fn connect_and_send(policy: &str, request: &[u8]) -> (Upstream, Tollgate, TcpStream) {

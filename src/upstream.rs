@@ -50,6 +50,44 @@ pub enum OutgoingBody {
     Buffered(Bytes),
 }
 
+/// A request on its way to one of an upstream's targets.
+enum Outgoing<'a> {
+    /// On the gateway's own client: the body is in memory, the gateway's fields are written
+    /// beside the head, and every attempt sends the same request.
+    Own {
+        request: http::request::Parts,
+        forwarding: Forwarding<'a>,
+        body: Bytes,
+        /// The request names its host (the client's `Host` or the gateway's): no target's
+        /// authority is put in.
+        has_host: bool,
+    },
+    /// On hyper's client: the gateway's fields are in the map, and the body (`None` once an
+    /// attempt took it for good) goes with the attempt.
+    Hyper {
+        request: http::request::Parts,
+        body: Option<OutgoingBody>,
+        query: Option<String>,
+    },
+}
+
+/// Which of an upstream's targets an attempt goes to, and the path it asks for there.
+#[derive(Clone, Copy)]
+struct Target<'p> {
+    index: usize,
+    path: &'p str,
+}
+
+impl Outgoing<'_> {
+    /// Whether the request can be sent again to another target.
+    fn can_resend(&self) -> bool {
+        match self {
+            Outgoing::Own { .. } => true,
+            Outgoing::Hyper { body, .. } => body.is_some(),
+        }
+    }
+}
+
 /// One configured upstream with its connection pool.
 #[derive(Debug)]
 pub struct UpstreamPool {
@@ -129,123 +167,163 @@ impl UpstreamPool {
         body: OutgoingBody,
         sent: Instant,
     ) -> Result<Response<Body>, ForwardError> {
-        let timeout = self.settings.timeout;
-        let deadline = tokio::time::Instant::from_std(sent + timeout);
-        match body {
+        let deadline = tokio::time::Instant::from_std(sent + self.settings.timeout);
+        let mut outgoing = match body {
             OutgoingBody::Buffered(bytes)
                 if bytes.len() <= OWN_CLIENT_MAX_BODY
                     && !request.headers.contains_key(header::UPGRADE) =>
             {
-                let mut request = request;
-                let response = self
-                    .exchange_buffered(&mut request, &forwarding, path, &bytes, deadline)
-                    .await;
-                // Written out: the map can hold another request's head.
-                crate::wire::header_maps::give_back(request.headers);
-                response
+                Outgoing::Own {
+                    has_host: forwarding.sets_host() || request.headers.contains_key(header::HOST),
+                    request,
+                    forwarding,
+                    body: bytes,
+                }
             }
-            // Boxed: the common path's future stays small.
             body => {
                 let mut request = request;
                 forwarding.apply(&mut request.headers);
-                let exchange = Box::pin(self.exchange_with_hyper(request, path, body));
-                tokio::time::timeout_at(deadline, exchange)
-                    .await
-                    .unwrap_or(Err(ForwardError::Timeout(timeout)))
+                request.version = Version::HTTP_11;
+                Outgoing::Hyper {
+                    query: request.uri.query().map(str::to_owned),
+                    request,
+                    body: Some(body),
+                }
             }
+        };
+        let response = self.exchange(&mut outgoing, path, deadline).await;
+        if let Outgoing::Own { request, .. } = outgoing {
+            // Written out: the map can hold another request's head.
+            crate::wire::header_maps::give_back(request.headers);
         }
+        response
     }
 
-    /// Tries the targets in round-robin order with a request whose body is in memory (so it
-    /// can go to the next target when one refuses the connection), on the gateway's own client.
-    async fn exchange_buffered(
+    /// Tries the targets in round-robin order until one answers: a target that refuses the
+    /// connection is passed over and the next one tried, as long as the request can be sent
+    /// again (its body is in memory).
+    async fn exchange(
         &self,
-        request: &mut http::request::Parts,
-        forwarding: &Forwarding<'_>,
+        outgoing: &mut Outgoing<'_>,
         path: &str,
-        body: &Bytes,
         deadline: tokio::time::Instant,
     ) -> Result<Response<Body>, ForwardError> {
         let order = self.order();
-        let query = request.uri.query().map(|query| ["?", query]);
-        let has_host = forwarding.sets_host() || request.headers.contains_key(header::HOST);
         // Spelled out only when no target answers: not an allocation per request.
         let mut last_error = None;
         for (attempt, index) in order.iter().enumerate() {
-            let target = &self.settings.targets[*index];
-            if !has_host {
-                if let Some(authority) = &self.authorities[*index] {
-                    request.headers.insert(header::HOST, authority.clone());
-                }
-            }
-            let [separator, query] = query.unwrap_or_default();
-            let outgoing = http1::OutgoingRequest {
-                method: &request.method,
-                target: [&target.base_path, path, separator, query],
-                headers: &request.headers,
-                forwarding,
-                body,
+            let more = attempt + 1 < order.len();
+            let target = Target {
+                index: *index,
+                path,
             };
-            match self.pools[*index].send_buffered(&outgoing, deadline).await {
+            let result = match outgoing {
+                Outgoing::Own {
+                    request,
+                    forwarding,
+                    body,
+                    has_host,
+                } => {
+                    if !*has_host {
+                        // Each target's own authority, for a request that named no host.
+                        if let Some(authority) = &self.authorities[*index] {
+                            request.headers.insert(header::HOST, authority.clone());
+                        }
+                    }
+                    self.send_own(target, request, forwarding, body, deadline)
+                        .await
+                }
+                // Boxed: the common path's future stays small.
+                Outgoing::Hyper {
+                    request,
+                    body,
+                    query,
+                } => {
+                    let send = Box::pin(self.send_with_hyper(target, request, body, query, more));
+                    tokio::time::timeout_at(deadline, send)
+                        .await
+                        .unwrap_or(Err(PoolError::Timeout))
+                }
+            };
+            let error = match result {
                 Ok(response) => return Ok(response),
-                Err(error) => last_error = Some(self.failed(*index, target, attempt, error)?),
+                Err(error) => error,
+            };
+            let target = &self.settings.targets[*index];
+            last_error = Some(self.failed(*index, target, attempt, error)?);
+            if !outgoing.can_resend() {
+                break;
             }
         }
         Err(last_error.unwrap_or_else(no_target))
     }
 
-    /// Tries the targets in round-robin order on hyper's client: for streamed bodies and
-    /// protocol switches. Only a request whose body is in memory can be sent again after a
-    /// refused connection; the request head is copied only then.
-    async fn exchange_with_hyper(
+    /// One attempt on the gateway's own client; the request stays whole for the next.
+    async fn send_own(
         &self,
-        mut request: http::request::Parts,
-        path: &str,
-        body: OutgoingBody,
-    ) -> Result<Response<Body>, ForwardError> {
-        let order = self.order();
-        let (retry_body, mut body) = match body {
-            OutgoingBody::Buffered(bytes) if order.len() > 1 => {
-                (Some(bytes.clone()), Some(OutgoingBody::Buffered(bytes)))
-            }
-            body => (None, Some(body)),
+        Target { index, path }: Target<'_>,
+        request: &http::request::Parts,
+        forwarding: &Forwarding<'_>,
+        body: &Bytes,
+        deadline: tokio::time::Instant,
+    ) -> Result<Response<Body>, PoolError> {
+        let [separator, query] = request
+            .uri
+            .query()
+            .map(|query| ["?", query])
+            .unwrap_or_default();
+        let outgoing = http1::OutgoingRequest {
+            method: &request.method,
+            target: [
+                &self.settings.targets[index].base_path,
+                path,
+                separator,
+                query,
+            ],
+            headers: &request.headers,
+            forwarding,
+            body,
         };
-        let query = request.uri.query().map(str::to_owned);
-        request.version = Version::HTTP_11;
-        let mut last_error = None;
-        for (attempt, index) in order.iter().enumerate() {
-            let target = &self.settings.targets[*index];
-            let outgoing = match body.take() {
-                Some(OutgoingBody::Buffered(bytes)) => Body::full(bytes),
-                Some(OutgoingBody::Streamed(incoming)) => Body::boxed(incoming),
-                None => break,
-            };
-            let retry = match &retry_body {
-                Some(bytes) if attempt + 1 < order.len() => {
-                    body = Some(OutgoingBody::Buffered(bytes.clone()));
-                    Some(request.clone())
-                }
-                _ => None,
-            };
-            let mut parts = std::mem::replace(
-                &mut request,
-                retry.unwrap_or_else(|| Request::new(()).into_parts().0),
-            );
-            parts.uri = target_uri(target, path, query.as_deref());
-            if !parts.headers.contains_key(header::HOST) {
-                if let Some(authority) = &self.authorities[*index] {
-                    parts.headers.insert(header::HOST, authority.clone());
-                }
+        self.pools[index].send_buffered(&outgoing, deadline).await
+    }
+
+    /// One attempt on hyper's client, for streamed bodies and protocol switches. The body
+    /// goes with it; a body in memory is kept for another attempt when `more` targets remain
+    /// (the request head is copied only then).
+    async fn send_with_hyper(
+        &self,
+        Target { index, path }: Target<'_>,
+        request: &mut http::request::Parts,
+        body: &mut Option<OutgoingBody>,
+        query: &Option<String>,
+        more: bool,
+    ) -> Result<Response<Body>, PoolError> {
+        let (outgoing_body, kept) = match body.take() {
+            Some(OutgoingBody::Buffered(bytes)) if more => (
+                Body::full(bytes.clone()),
+                Some(OutgoingBody::Buffered(bytes)),
+            ),
+            Some(OutgoingBody::Buffered(bytes)) => (Body::full(bytes), None),
+            Some(OutgoingBody::Streamed(incoming)) => (Body::boxed(incoming), None),
+            None => return Err(PoolError::Exchange("the request body is gone".to_owned())),
+        };
+        let mut parts = match kept {
+            Some(kept) => {
+                *body = Some(kept);
+                request.clone()
             }
-            match self.pools[*index]
-                .send(Request::from_parts(parts, outgoing))
-                .await
-            {
-                Ok(response) => return Ok(response.map(Body::boxed)),
-                Err(error) => last_error = Some(self.failed(*index, target, attempt, error)?),
+            None => std::mem::replace(request, Request::new(()).into_parts().0),
+        };
+        parts.uri = target_uri(&self.settings.targets[index], path, query.as_deref());
+        if !parts.headers.contains_key(header::HOST) {
+            if let Some(authority) = &self.authorities[index] {
+                parts.headers.insert(header::HOST, authority.clone());
             }
         }
-        Err(last_error.unwrap_or_else(no_target))
+        let response = self.pools[index]
+            .send(Request::from_parts(parts, outgoing_body))
+            .await?;
+        Ok(response.map(Body::boxed))
     }
 
     /// A target that refused the connection is passed over for a while and the next one is

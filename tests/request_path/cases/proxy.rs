@@ -288,6 +288,28 @@ async fn multi_megabyte_bodies_stream_through_intact() {
 }
 
 #[tokio::test]
+async fn an_upgrade_on_hyper_s_client_also_skips_an_address_that_refuses_connections() {
+    let upstream = start_upstream().await;
+    let policy = BASIC.replace(
+        "url = \"http://{upstream}\"",
+        &format!(
+            "urls = [\"http://127.0.0.1:1\", \"http://{}\"]",
+            upstream.address
+        ),
+    );
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
+    // Whichever address round-robin starts with, every handshake reaches the live one.
+    for _ in 0..4 {
+        let (head, _stream) = raw_head(
+            gateway.addresses[0],
+            b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        )
+        .await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    }
+}
+
+#[tokio::test]
 async fn websocket_upgrade_passes_through_after_the_limits() {
     let upstream = start_upstream().await;
     let policy = BASIC.replace(

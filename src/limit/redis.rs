@@ -23,18 +23,21 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::Script;
-use smallvec::SmallVec;
 
 mod batch;
+mod cluster;
+mod keys;
 
-use batch::{Batcher, BucketArguments, DecideCall, RequestReply, Shape};
+use batch::{Batcher, BucketArguments, Shape};
+pub use keys::slot;
+use keys::{group_by_slot, StoreKeys};
 
 use super::breaker::{Breaker, CircuitState};
 use super::clock::Clock;
 use super::deny_cache::DenyCache;
 use super::{
-    AdaptiveParams, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError,
-    Timestamp, Verdict, Verdicts,
+    AdaptiveParams, BucketRequest, Decision, OutcomeRequest, StoreError, Timestamp, Verdict,
+    Verdicts,
 };
 use crate::config::RedisSettings;
 
@@ -264,102 +267,6 @@ impl RedisStore {
         Ok((keys, decision))
     }
 
-    /// A Cluster's decision: one call per slot that the request's buckets live in, all at
-    /// once; if a slot refuses, what the others charged is given back.
-    async fn decide_across_slots(
-        &self,
-        requests: &[BucketRequest<'_>],
-        keys: &StoreKeys,
-    ) -> Result<Decision, StoreError> {
-        let groups = group_by_slot(keys.iter());
-        let replies = join_all(
-            groups
-                .iter()
-                .map(|group| self.call_decide(requests, keys, group)),
-        )
-        .await;
-        let mut verdicts: Verdicts = smallvec::smallvec![Verdict::unobserved(); requests.len()];
-        let mut admitted = true;
-        let mut charged_groups = Vec::new();
-        for (group, reply) in groups.iter().zip(replies) {
-            let reply = reply?;
-            admitted &= reply.admitted;
-            if reply.admitted {
-                charged_groups.push(group);
-            }
-            for (index, (tokens, sufficient, multiplier)) in group.iter().zip(reply.buckets) {
-                let charge = requests[*index].charge.scaled(multiplier);
-                verdicts[*index] = Verdict::observed(&charge, tokens, sufficient);
-            }
-        }
-        if !admitted && !charged_groups.is_empty() {
-            // Another slot refused: give back what the admitting slots charged.
-            let refunds = charged_groups.iter().map(|group| {
-                let charged: Vec<(usize, Charge)> = group
-                    .iter()
-                    .filter(|index| verdicts[**index].sufficient)
-                    .map(|index| (*index, verdicts[*index].in_force(&requests[*index].charge)))
-                    .collect();
-                self.call_refund(keys, charged)
-            });
-            for result in join_all(refunds).await {
-                result?;
-            }
-            for group in charged_groups {
-                for index in group {
-                    let verdict = &mut verdicts[*index];
-                    if verdict.sufficient {
-                        let charge = verdict.in_force(&requests[*index].charge);
-                        *verdict = Verdict::observed(&charge, verdict.tokens + charge.cost, true);
-                    }
-                }
-            }
-        }
-        Ok(Decision::new(admitted, verdicts))
-    }
-
-    /// One slot's buckets of one request, decided by a call of their own.
-    async fn call_decide(
-        &self,
-        requests: &[BucketRequest<'_>],
-        keys: &StoreKeys,
-        group: &[usize],
-    ) -> Result<RequestReply, StoreError> {
-        let shape: Shape = group
-            .iter()
-            .map(|index| BucketArguments::of(&requests[*index]))
-            .collect();
-        let mut call = DecideCall::new();
-        call.push(group.iter().map(|index| &keys[*index]), &shape);
-        let reply: Vec<u8> = self.send(&self.decide, &call.command(&self.decide)).await?;
-        let mut replies = call.parse_reply(&reply)?;
-        replies
-            .pop()
-            .ok_or_else(|| StoreError::Redis("empty script reply".to_owned()))
-    }
-
-    /// Gives back the cost of each `(bucket, charge in force)`.
-    async fn call_refund(
-        &self,
-        keys: &StoreKeys,
-        charged: Vec<(usize, Charge)>,
-    ) -> Result<(), StoreError> {
-        if charged.is_empty() {
-            return Ok(());
-        }
-        let group: Vec<usize> = charged.iter().map(|(index, _)| *index).collect();
-        let _: i64 = self
-            .run_script(&self.refund, keys, &group, |command, position| {
-                let charge = &charged[position].1;
-                command
-                    .arg(Number(charge.capacity))
-                    .arg(Number(charge.rate))
-                    .arg(Number(charge.cost));
-            })
-            .await?;
-        Ok(())
-    }
-
     /// Applies outcome charges and adaptive errors (`outcome.lua`, one call per slot);
     /// returns whether each key tripped.
     pub async fn record_outcomes(
@@ -476,30 +383,6 @@ impl RedisStore {
         result.map_err(|error| StoreError::Redis(error.to_string()))
     }
 
-    async fn cluster(&self) -> Result<ClusterConnection, StoreError> {
-        let Connection::Cluster(cluster) = &self.connection else {
-            return Err(StoreError::Redis("not a cluster".to_owned()));
-        };
-        let Cluster {
-            client,
-            connection,
-            connecting,
-        } = &**cluster;
-        if let Some(existing) = connection.load_full() {
-            return Ok((*existing).clone());
-        }
-        let _guard = connecting.lock().await;
-        if let Some(existing) = connection.load_full() {
-            return Ok((*existing).clone());
-        }
-        let connected = client
-            .get_async_connection()
-            .await
-            .map_err(|error| StoreError::Redis(error.to_string()))?;
-        connection.store(Some(std::sync::Arc::new(connected.clone())));
-        Ok(connected)
-    }
-
     /// Whether Redis answers a PING within the timeout (`/readyz`).
     pub async fn ping(&self) -> bool {
         let ping = async {
@@ -518,93 +401,6 @@ impl RedisStore {
             .await
             .unwrap_or(false)
     }
-}
-
-/// A request's store keys, `<prefix><limit>:<key>` each, spelled into one string: one
-/// allocation per request rather than one per bucket.
-#[derive(Debug, Default)]
-pub(super) struct StoreKeys {
-    text: String,
-    /// Where each key ends in `text`.
-    ends: SmallVec<[usize; 4]>,
-}
-
-impl StoreKeys {
-    fn new<'k, 'l: 'k>(
-        prefix: &str,
-        keys: impl ExactSizeIterator<Item = &'k BucketKey<'l>>,
-    ) -> StoreKeys {
-        let mut text = String::with_capacity(keys.len() * (prefix.len() + 56));
-        let ends = keys
-            .map(|key| {
-                text.push_str(prefix);
-                key.push_to(&mut text);
-                text.len()
-            })
-            .collect();
-        StoreKeys { text, ends }
-    }
-
-    pub(super) fn iter(&self) -> impl Iterator<Item = &str> {
-        (0..self.ends.len()).map(|index| &self[index])
-    }
-}
-
-impl std::ops::Index<usize> for StoreKeys {
-    type Output = str;
-
-    fn index(&self, index: usize) -> &str {
-        let start = index.checked_sub(1).map_or(0, |before| self.ends[before]);
-        &self.text[start..self.ends[index]]
-    }
-}
-
-/// Indexes of `keys` grouped by Redis Cluster slot, in first-seen order.
-fn group_by_slot<'k>(keys: impl IntoIterator<Item = &'k str>) -> Vec<Vec<usize>> {
-    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (index, key) in keys.into_iter().enumerate() {
-        let slot = slot(key.as_bytes());
-        match groups
-            .iter_mut()
-            .find(|(group_slot, _)| *group_slot == slot)
-        {
-            Some((_, members)) => members.push(index),
-            None => groups.push((slot, vec![index])),
-        }
-    }
-    groups.into_iter().map(|(_, members)| members).collect()
-}
-
-/// The Redis Cluster slot of a key: CRC16 (XMODEM) of the key, or of its hash tag
-/// (`{...}`, the first non-empty one), modulo 16384.
-pub fn slot(key: &[u8]) -> u16 {
-    let hashed = key
-        .iter()
-        .position(|byte| *byte == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            rest.iter()
-                .position(|byte| *byte == b'}')
-                .filter(|length| *length > 0)
-                .map(|length| &rest[..length])
-        })
-        .unwrap_or(key);
-    crc16(hashed) % 16384
-}
-
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for byte in data {
-        crc ^= u16::from(*byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
 }
 
 /// Sends a script's `EVALSHA`; on NOSCRIPT (the first call, or Redis restarted or flushed its
@@ -649,8 +445,6 @@ mod tests {
     use super::*;
     use redis::ToRedisArgs;
 
-    use crate::limit::KeyPart;
-
     #[test]
     fn whole_numbers_go_to_redis_as_integers_and_the_rest_as_floats() {
         let text = |value: f64| String::from_utf8(Number(value).to_redis_args().remove(0)).unwrap();
@@ -660,62 +454,5 @@ mod tests {
         assert_eq!(text(0.25), "0.25");
         assert_eq!(text(2.5e-7), "2.5e-7");
         assert_eq!(text(1e300).parse::<f64>().unwrap(), 1e300);
-    }
-
-    #[test]
-    fn a_requests_store_keys_are_each_prefix_limit_and_key() {
-        let key = |limit: &'static str, parts: Vec<KeyPart>| BucketKey {
-            limit,
-            fingerprint: 7,
-            parts: parts.into_iter().collect(),
-        };
-        let keys = [
-            key("everyone", vec![]),
-            key(
-                "per_network",
-                vec![KeyPart::Network("203.0.113.0/24".parse().unwrap())],
-            ),
-            key(
-                "per_user",
-                vec![
-                    KeyPart::Digest([0xab; 16]),
-                    KeyPart::Network("2001:db8::/48".parse().unwrap()),
-                ],
-            ),
-        ];
-        let spelled = StoreKeys::new("tg:", keys.iter());
-        let expected = [
-            "tg:everyone:global".to_owned(),
-            "tg:per_network:v4:203.0.113.0/24".to_owned(),
-            format!("tg:per_user:h:{}|v6:2001:db8::/48", "ab".repeat(16)),
-        ];
-        assert_eq!(spelled.iter().collect::<Vec<_>>(), expected);
-        for (index, expected) in expected.iter().enumerate() {
-            assert_eq!(&spelled[index], expected);
-        }
-        assert_eq!(StoreKeys::new("tg:", [].iter()).iter().count(), 0);
-    }
-
-    #[test]
-    fn slots_match_redis_cluster() {
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(slot(b"foo"), 12182);
-        assert_eq!(slot(b"bar"), 5061);
-        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
-        assert_eq!(
-            slot(b"foo{}{bar}"),
-            slot(b"foo{}{bar}"),
-            "empty tag: the whole key"
-        );
-        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
-        assert_eq!(slot(b"tollgate:{x}:a"), slot(b"x"));
-    }
-
-    #[test]
-    fn groups_keep_order_within_a_slot() {
-        assert_eq!(
-            group_by_slot(["{a}1", "{b}1", "{a}2"]),
-            vec![vec![0, 2], vec![1]]
-        );
     }
 }

@@ -1,0 +1,133 @@
+//! A Redis Cluster's decisions: a request's buckets may live in different slots, so each slot
+//! is decided by a call of its own (all at once), and what admitting slots charged is given
+//! back when another slot refuses. The connection is made on first use.
+
+use futures_util::future::join_all;
+use redis::cluster_async::ClusterConnection;
+
+use super::batch::{BucketArguments, DecideCall, RequestReply, Shape};
+use super::keys::{group_by_slot, StoreKeys};
+use super::{Cluster, Connection, Number, RedisStore};
+use crate::limit::{BucketRequest, Charge, Decision, StoreError, Verdict, Verdicts};
+
+impl RedisStore {
+    /// A Cluster's decision: one call per slot that the request's buckets live in, all at
+    /// once; if a slot refuses, what the others charged is given back.
+    pub(super) async fn decide_across_slots(
+        &self,
+        requests: &[BucketRequest<'_>],
+        keys: &StoreKeys,
+    ) -> Result<Decision, StoreError> {
+        let groups = group_by_slot(keys.iter());
+        let replies = join_all(
+            groups
+                .iter()
+                .map(|group| self.call_decide(requests, keys, group)),
+        )
+        .await;
+        let mut verdicts: Verdicts = smallvec::smallvec![Verdict::unobserved(); requests.len()];
+        let mut admitted = true;
+        let mut charged_groups = Vec::new();
+        for (group, reply) in groups.iter().zip(replies) {
+            let reply = reply?;
+            admitted &= reply.admitted;
+            if reply.admitted {
+                charged_groups.push(group);
+            }
+            for (index, (tokens, sufficient, multiplier)) in group.iter().zip(reply.buckets) {
+                let charge = requests[*index].charge.scaled(multiplier);
+                verdicts[*index] = Verdict::observed(&charge, tokens, sufficient);
+            }
+        }
+        if !admitted && !charged_groups.is_empty() {
+            // Another slot refused: give back what the admitting slots charged.
+            let refunds = charged_groups.iter().map(|group| {
+                let charged: Vec<(usize, Charge)> = group
+                    .iter()
+                    .filter(|index| verdicts[**index].sufficient)
+                    .map(|index| (*index, verdicts[*index].in_force(&requests[*index].charge)))
+                    .collect();
+                self.call_refund(keys, charged)
+            });
+            for result in join_all(refunds).await {
+                result?;
+            }
+            for group in charged_groups {
+                for index in group {
+                    let verdict = &mut verdicts[*index];
+                    if verdict.sufficient {
+                        let charge = verdict.in_force(&requests[*index].charge);
+                        *verdict = Verdict::observed(&charge, verdict.tokens + charge.cost, true);
+                    }
+                }
+            }
+        }
+        Ok(Decision::new(admitted, verdicts))
+    }
+
+    /// One slot's buckets of one request, decided by a call of their own.
+    async fn call_decide(
+        &self,
+        requests: &[BucketRequest<'_>],
+        keys: &StoreKeys,
+        group: &[usize],
+    ) -> Result<RequestReply, StoreError> {
+        let shape: Shape = group
+            .iter()
+            .map(|index| BucketArguments::of(&requests[*index]))
+            .collect();
+        let mut call = DecideCall::new();
+        call.push(group.iter().map(|index| &keys[*index]), &shape);
+        let reply: Vec<u8> = self.send(&self.decide, &call.command(&self.decide)).await?;
+        let mut replies = call.parse_reply(&reply)?;
+        replies
+            .pop()
+            .ok_or_else(|| StoreError::Redis("empty script reply".to_owned()))
+    }
+
+    /// Gives back the cost of each `(bucket, charge in force)`.
+    async fn call_refund(
+        &self,
+        keys: &StoreKeys,
+        charged: Vec<(usize, Charge)>,
+    ) -> Result<(), StoreError> {
+        if charged.is_empty() {
+            return Ok(());
+        }
+        let group: Vec<usize> = charged.iter().map(|(index, _)| *index).collect();
+        let _: i64 = self
+            .run_script(&self.refund, keys, &group, |command, position| {
+                let charge = &charged[position].1;
+                command
+                    .arg(Number(charge.capacity))
+                    .arg(Number(charge.rate))
+                    .arg(Number(charge.cost));
+            })
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn cluster(&self) -> Result<ClusterConnection, StoreError> {
+        let Connection::Cluster(cluster) = &self.connection else {
+            return Err(StoreError::Redis("not a cluster".to_owned()));
+        };
+        let Cluster {
+            client,
+            connection,
+            connecting,
+        } = &**cluster;
+        if let Some(existing) = connection.load_full() {
+            return Ok((*existing).clone());
+        }
+        let _guard = connecting.lock().await;
+        if let Some(existing) = connection.load_full() {
+            return Ok((*existing).clone());
+        }
+        let connected = client
+            .get_async_connection()
+            .await
+            .map_err(|error| StoreError::Redis(error.to_string()))?;
+        connection.store(Some(std::sync::Arc::new(connected.clone())));
+        Ok(connected)
+    }
+}

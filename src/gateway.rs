@@ -18,7 +18,6 @@ pub mod reject;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -36,7 +35,7 @@ use self::checks::FieldScan;
 pub use self::reject::{Reject, Reports};
 use crate::config::{HeaderMode, Mode, StoreFailurePolicy};
 use crate::key::{self, RequestFacts};
-use crate::limit::{BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
+use crate::limit::{clock, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
 use crate::metrics::{Outcome, StatusClass};
 use crate::respond::{self, FieldValue, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
@@ -370,9 +369,11 @@ impl Gateway {
     async fn store_decision(&self, buckets: &[BucketRequest<'_>]) -> Result<Decision, StoreError> {
         let store = &self.shared.store;
         let calls = &self.shared.store_calls;
-        let started = Instant::now();
+        let started = clock::instant();
         let result = store.decide(buckets).await;
-        calls.duration.observe(started.elapsed().as_secs_f64());
+        calls
+            .duration
+            .observe(clock::elapsed(started).as_secs_f64());
         match &result {
             Err(StoreError::Unavailable) | Ok(_) => {}
             Err(error) => {
@@ -408,14 +409,14 @@ impl Gateway {
             routed.host.as_ref(),
         );
         let route = routed.route;
-        let sent = Instant::now();
+        let sent = clock::instant();
         let watching_load = routed.runtime.policy.overload.is_some();
         let in_flight = watching_load.then(|| self.shared.load.start_request());
         let result = route
             .upstream
             .send(parts, forwarding, &exchange.path, body, sent)
             .await;
-        let elapsed = sent.elapsed();
+        let elapsed = clock::elapsed(sent);
         drop(in_flight);
         exchange.upstream = Some(elapsed);
         let response = result.map_err(|error| {

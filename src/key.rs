@@ -39,7 +39,11 @@ impl KeyHasher {
         let mut secret = [0u8; 32];
         if getrandom::getrandom(&mut secret).is_err() {
             // Without an entropy source, fall back to values that still differ per process.
-            let fallback = format!("{:?}{}", std::time::SystemTime::now(), std::process::id());
+            let fallback = format!(
+                "{:?}{}",
+                crate::limit::clock::system_time(),
+                std::process::id()
+            );
             return KeyHasher::from_secret(fallback.as_bytes());
         }
         KeyHasher::from_secret(&secret)

@@ -58,7 +58,8 @@ pub use request_id::RequestId;
 /// How to start a gateway besides its policy.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// The clock of the memory store; monotonic unless a test injects a manual one.
+    /// The clock of the stores (the memory store's buckets, the local buckets, the Redis store's
+    /// breaker and deny cache); monotonic unless a test injects a manual one.
     pub clock: Option<Clock>,
     /// The policy file, for reloads on SIGHUP and when it changes.
     pub config_path: Option<PathBuf>,
@@ -115,7 +116,7 @@ impl Tollgate {
         let metrics = Metrics::new();
         let store = match &policy.store.redis {
             Some(settings) => Store::Redis(Box::new(
-                RedisStore::new(settings, Clock::monotonic())
+                RedisStore::new(settings, clock.clone())
                     .map_err(StartError::Store)?
                     .observing_batches(metrics.store_batches("redis")),
             )),

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use crate::config::{Http1Path, ServerSettings};
 use crate::gateway::{Connection, Gateway, RequestBody};
+use crate::limit::clock;
 use crate::respond::SetFields;
 
 mod http1;
@@ -215,14 +216,14 @@ impl Watchdog {
     fn new(activity: Arc<Activity>, guards: &ConnectionGuards) -> Watchdog {
         let period = (guards.idle_timeout.min(guards.header_read_timeout) / 4)
             .clamp(Duration::from_millis(50), Duration::from_secs(5));
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let mut ticks = tokio::time::interval_at(clock::deadline_in(period), period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Watchdog {
             last_moves: activity.count(),
             activity,
             idle_timeout: guards.idle_timeout,
             ticks,
-            quiet_since: Instant::now(),
+            quiet_since: clock::instant(),
         }
     }
 
@@ -232,10 +233,10 @@ impl Watchdog {
         self.ticks.tick().await;
         let moves = self.activity.count();
         if moves != self.last_moves {
-            (self.last_moves, self.quiet_since) = (moves, Instant::now());
+            (self.last_moves, self.quiet_since) = (moves, clock::instant());
             return false;
         }
-        self.quiet_since.elapsed() >= self.idle_timeout
+        clock::elapsed(self.quiet_since) >= self.idle_timeout
     }
 
     /// Resolves once the connection has been idle for the idle timeout.

@@ -22,6 +22,7 @@ use smallvec::SmallVec;
 
 use crate::config::{Upstream, UpstreamTarget};
 use crate::gateway::REQUEST_ID_NAME;
+use crate::limit::clock;
 use crate::{tls, Body, RequestId};
 
 /// Requests with a body in memory up to this size take the gateway's own client, which writes
@@ -134,12 +135,12 @@ impl UpstreamPool {
             settings: settings.clone(),
             pools,
             next: AtomicUsize::new(0),
-            origin: Instant::now(),
+            origin: clock::instant(),
         })
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(clock::elapsed(self.origin).as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Targets in the order to try them: round-robin, ones marked down last.

@@ -1,5 +1,6 @@
 //! Adaptive limits over HTTP: penalties for keys that keep failing, charges by outcome, and
 //! rates that shrink while the upstream is overloaded.
+#![allow(clippy::disallowed_methods)] // tests measure real time
 
 mod common;
 

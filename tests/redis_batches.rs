@@ -2,6 +2,7 @@
 //! decide every request exactly as a call of its own would have, one after another. Driven on
 //! a current-thread runtime, where every decision started before the test yields is queued
 //! before the store's sender runs: which requests share a call does not depend on timing.
+#![allow(clippy::disallowed_methods)] // tests measure real time
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The Redis store against real `redis-server` processes started by the tests: exactness
 //! across replicas, atomicity, TTLs, no clear keys, the deny cache, faults and a Cluster.
+#![allow(clippy::disallowed_methods)] // tests measure real time
 
 mod common;
 

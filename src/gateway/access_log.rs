@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 
+use crate::limit::clock;
 use crate::metrics::Outcome;
 use crate::RequestId;
 
@@ -30,7 +31,7 @@ pub(super) struct Exchange {
 impl Exchange {
     pub(super) fn new(method: Method, request_id: RequestId) -> Exchange {
         Exchange {
-            started: enabled().then(Instant::now),
+            started: enabled().then(clock::instant),
             method,
             path: String::new(),
             client: None,
@@ -88,7 +89,7 @@ fn write(exchange: &Exchange, status: StatusCode) {
         status = status.as_u16(),
         outcome,
         limit,
-        duration_ms = exchange.started.map_or(-1.0, |started| milliseconds(started.elapsed())),
+        duration_ms = exchange.started.map_or(-1.0, |started| milliseconds(clock::elapsed(started))),
         upstream_ms,
         request_id = exchange.request_id.as_str(),
     );

@@ -1,8 +1,32 @@
-//! The time source of every decision: monotonic in production, advanced by hand in tests.
+//! Every read of the time (clippy.toml forbids them elsewhere). Decisions read a [`Clock`]:
+//! monotonic in production, advanced by hand in tests. What only measures or bounds I/O —
+//! latencies in metrics and logs, connection guards, deadlines of calls — reads [`instant`],
+//! [`elapsed`], [`deadline_in`] or [`system_time`], and decides no limit.
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Now, for a latency or a guard.
+pub fn instant() -> Instant {
+    Instant::now()
+}
+
+/// The time since `since`, for a latency or a guard.
+pub fn elapsed(since: Instant) -> Duration {
+    since.elapsed()
+}
+
+/// The moment `after` from now, as a deadline for tokio's timers.
+pub fn deadline_in(after: Duration) -> tokio::time::Instant {
+    tokio::time::Instant::now() + after
+}
+
+/// The wall clock, for the `Date` field.
+pub fn system_time() -> SystemTime {
+    SystemTime::now()
+}
 
 /// Nanoseconds since the clock's origin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]

@@ -33,7 +33,7 @@ pub use keys::slot;
 use keys::{group_by_slot, StoreKeys};
 
 use super::breaker::{Breaker, CircuitState};
-use super::clock::Clock;
+use super::clock::{self, Clock};
 use super::deny_cache::DenyCache;
 use super::{
     AdaptiveParams, BucketRequest, Decision, OutcomeRequest, StoreError, Timestamp, Verdict,
@@ -180,7 +180,7 @@ impl RedisStore {
             return Ok(refusal);
         }
         let call = self.breaker.permit().ok_or(StoreError::Unavailable)?;
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let deadline = clock::deadline_in(self.timeout);
         let (keys, decision) = match self.decide_in_redis(requests, keys, deadline).await {
             Ok(decision) => decision,
             Err(error) => {

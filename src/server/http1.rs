@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use super::{ConnectionGuards, Watchdog};
 use crate::gateway::{Connection, Gateway, RequestBody};
+use crate::limit::clock;
 use crate::respond::SetFields;
 use crate::wire::header_names::KnownNames;
 use crate::Body;
@@ -65,7 +66,7 @@ where
     let mut shutting_down = std::pin::pin!(signal.changed());
     // The first head's clock starts at the accept: a connection that sends nothing is cut
     // off like one whose head trickles in.
-    let mut head_started = Some(Instant::now());
+    let mut head_started = Some(clock::instant());
     loop {
         let (request, keep_alive) = match http1
             .read_request(shutting_down.as_mut(), &mut head_started)
@@ -126,7 +127,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
                 }
             }
             if !self.buffer.is_empty() && head_started.is_none() {
-                *head_started = Some(Instant::now());
+                *head_started = Some(clock::instant());
             }
             if self.buffer.capacity() - self.buffer.len() < 1024 {
                 self.buffer.reserve(4096);
@@ -140,7 +141,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
                 _ = shutting_down.as_mut() => return Err(Ending::Closed),
                 idle = self.watchdog.tick() => {
                     let timeout = self.guards.header_read_timeout;
-                    let head_late = head_started.is_some_and(|started| started.elapsed() >= timeout);
+                    let head_late = head_started.is_some_and(|started| clock::elapsed(started) >= timeout);
                     if idle || head_late {
                         return Err(Ending::Closed);
                     }

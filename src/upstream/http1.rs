@@ -119,7 +119,9 @@ impl Connection {
             stream,
             buffer: BytesMut::with_capacity(READ_SIZE),
             // Not registered until polled; every exchange sets its own deadline first.
-            head_deadline: Box::pin(tokio::time::sleep_until(Instant::now())),
+            head_deadline: Box::pin(tokio::time::sleep_until(crate::limit::clock::deadline_in(
+                std::time::Duration::ZERO,
+            ))),
             names: KnownNames::default(),
         }
     }

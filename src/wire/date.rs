@@ -1,7 +1,7 @@
 //! The `Date` field of the gateway's responses.
 
 use std::cell::RefCell;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 /// Calls `write` with the current `date` value (RFC 9110 IMF-fixdate), formatted at most once
 /// a second per thread.
@@ -9,7 +9,7 @@ pub(crate) fn with_date<R>(write: impl FnOnce(&[u8]) -> R) -> R {
     thread_local! {
         static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
     }
-    let now = SystemTime::now();
+    let now = crate::limit::clock::system_time();
     let second = now
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_secs());

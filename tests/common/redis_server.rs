@@ -1,4 +1,5 @@
 //! `redis-server` processes started by the tests themselves, on free ports.
+#![allow(clippy::disallowed_methods)] // tests measure real time
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};

@@ -343,7 +343,7 @@ async fn send_batches(
         if may_send && !pending.is_empty() {
             // A request whose deadline passed as the call it waited for gave up (the same
             // moment, give or take the timer's millisecond) is answered so, not sent.
-            let now = Instant::now();
+            let now = crate::limit::clock::deadline_in(std::time::Duration::ZERO);
             let mut batch = std::mem::take(&mut pending);
             // Queued in the order of their deadlines: when the first has not passed, none has.
             if batch.first().is_some_and(|queued| queued.deadline <= now) {

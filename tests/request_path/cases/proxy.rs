@@ -1,5 +1,6 @@
 //! The proxy over real sockets: forwarding, protocol guards, upstream failures, upgrades,
 //! streaming, admin listener, reload and shutdown.
+#![allow(clippy::disallowed_methods)] // tests measure real time
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -32,7 +32,7 @@ use smallvec::SmallVec;
 use self::access_log::Exchange;
 use self::accounting::Accounting;
 use self::checks::FieldScan;
-pub use self::reject::{Reject, Reports};
+pub use self::reject::{Cause, Reject, Reports};
 use crate::config::{HeaderMode, Mode, StoreFailurePolicy};
 use crate::key::{self, RequestFacts};
 use crate::limit::{clock, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
@@ -170,8 +170,10 @@ impl Gateway {
             }
         };
         let header_mode = runtime.policy.server.ratelimit_headers;
-        let response =
-            result.unwrap_or_else(|reject| respond::rejection(reject, header_mode, fields));
+        let response = result.unwrap_or_else(|reject| {
+            exchange.cause = reject.cause();
+            respond::rejection(reject, header_mode, fields)
+        });
         exchange.log(response.status());
         fields.set(
             &REQUEST_ID_NAME,

@@ -172,12 +172,22 @@ impl Decision {
     }
 }
 
-#[derive(Debug, Clone, thiserror::Error)]
+/// Why a store call decided nothing. The gateway branches on the circuit (no call was made,
+/// nothing new to report) against the rest; all of them are the store's doing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
+    /// No answer within `[store] timeout`.
     #[error("store call timed out")]
     Timeout,
+    /// The connection failed, or Redis answered with an error.
     #[error("redis: {0}")]
     Redis(String),
+    /// Redis answered what the scripts never send.
+    #[error("unexpected reply from redis: {0}")]
+    Reply(String),
+    /// The store cannot be set up (its URL or CA file).
+    #[error("{0}")]
+    Setup(String),
     /// The circuit breaker is open: no call was made.
     #[error("store unavailable (circuit open)")]
     Unavailable,

@@ -169,6 +169,7 @@ async fn json_logs_one_access_line_per_request_and_sigterm_exits_0() {
         assert_eq!(refused["client"], "127.0.0.1");
         assert_eq!(refused["route"], "default");
         assert_eq!(refused["outcome"], "limited");
+        assert_eq!(refused["cause"], "", "a refusal is nobody's fault");
         assert_eq!(refused["limit"], "per_network");
         assert_eq!(refused["path"], "/c");
         assert_eq!(refused["method"], "GET");

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 
+use super::reject::Cause;
 use crate::limit::clock;
 use crate::metrics::Outcome;
 use crate::RequestId;
@@ -22,6 +23,8 @@ pub(super) struct Exchange {
     /// Only the access log reads it, like `started` and `limit`.
     pub(super) route: Option<Arc<str>>,
     pub(super) outcome: Option<Outcome>,
+    /// Who caused a request to end early, when something did.
+    pub(super) cause: Option<Cause>,
     pub(super) limit: Option<String>,
     pub(super) upstream: Option<Duration>,
     pub(super) request_id: RequestId,
@@ -37,6 +40,7 @@ impl Exchange {
             client: None,
             route: None,
             outcome: None,
+            cause: None,
             limit: None,
             upstream: None,
             request_id,
@@ -88,6 +92,7 @@ fn write(exchange: &Exchange, status: StatusCode) {
         route,
         status = status.as_u16(),
         outcome,
+        cause = exchange.cause.map_or("", Cause::as_str),
         limit,
         duration_ms = exchange.started.map_or(-1.0, |started| milliseconds(clock::elapsed(started))),
         upstream_ms,

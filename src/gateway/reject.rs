@@ -46,7 +46,44 @@ pub enum Reject<'a> {
     UpgradeFailed,
 }
 
+/// Who caused a request to end early (pingora's error sources): for the access log, and for
+/// telling an attack from an outage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    Client,
+    Upstream,
+    Store,
+    /// The gateway itself (draining).
+    Gateway,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Client => "client",
+            Cause::Upstream => "upstream",
+            Cause::Store => "store",
+            Cause::Gateway => "gateway",
+        }
+    }
+}
+
 impl Reject<'_> {
+    /// Who caused it; `None` for a refusal by a limit, which is a decision, not a fault.
+    pub fn cause(&self) -> Option<Cause> {
+        match self {
+            Reject::BadRequest(_)
+            | Reject::MethodNotAllowed
+            | Reject::PayloadTooLarge(_)
+            | Reject::HeaderFieldsTooLarge
+            | Reject::NoRoute => Some(Cause::Client),
+            Reject::Limited(_) => None,
+            Reject::StoreUnavailable => Some(Cause::Store),
+            Reject::Upstream(_) | Reject::UpgradeFailed => Some(Cause::Upstream),
+            Reject::ShuttingDown => Some(Cause::Gateway),
+        }
+    }
+
     /// The request's outcome, or `None` when the request was admitted and its admission's
     /// outcome stands (upstream failures), or it is not counted at all (draining).
     pub fn outcome(&self) -> Option<Outcome> {
@@ -60,5 +97,45 @@ impl Reject<'_> {
             Reject::StoreUnavailable => Some(Outcome::StoreUnavailable),
             Reject::ShuttingDown | Reject::Upstream(_) | Reject::UpgradeFailed => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_the_client_did_wrong_is_a_bad_request_of_its_own_making() {
+        let client_errors = [
+            Reject::BadRequest("x".to_owned()),
+            Reject::MethodNotAllowed,
+            Reject::PayloadTooLarge(1),
+            Reject::HeaderFieldsTooLarge,
+        ];
+        for reject in &client_errors {
+            assert_eq!(reject.outcome(), Some(Outcome::BadRequest), "{reject}");
+            assert_eq!(reject.cause(), Some(Cause::Client), "{reject}");
+        }
+        assert_eq!(Reject::NoRoute.cause(), Some(Cause::Client));
+    }
+
+    #[test]
+    fn a_refusal_is_nobodys_fault_and_failures_name_their_source() {
+        let limited = Reject::Limited(Reports::new());
+        assert_eq!(limited.outcome(), Some(Outcome::Limited));
+        assert_eq!(limited.cause(), None);
+        assert_eq!(
+            Reject::StoreUnavailable.outcome(),
+            Some(Outcome::StoreUnavailable)
+        );
+        assert_eq!(Reject::StoreUnavailable.cause(), Some(Cause::Store));
+        let upstream = Reject::Upstream(ForwardError::Connect("refused".to_owned()));
+        assert_eq!(
+            upstream.outcome(),
+            None,
+            "an admitted request keeps its admission's outcome"
+        );
+        assert_eq!(upstream.cause(), Some(Cause::Upstream));
+        assert_eq!(Reject::ShuttingDown.cause(), Some(Cause::Gateway));
     }
 }

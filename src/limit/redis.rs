@@ -90,7 +90,7 @@ impl RedisStore {
     pub fn new(settings: &RedisSettings, clock: Clock) -> Result<RedisStore, StoreError> {
         let roots = match &settings.ca_file {
             Some(path) => Some(std::fs::read(path).map_err(|error| {
-                StoreError::Redis(format!("cannot read {}: {error}", path.display()))
+                StoreError::Setup(format!("cannot read {}: {error}", path.display()))
             })?),
             None => None,
         };
@@ -108,7 +108,7 @@ impl RedisStore {
             }
             let client = builder
                 .build()
-                .map_err(|error| StoreError::Redis(error.to_string()))?;
+                .map_err(|error| StoreError::Setup(error.to_string()))?;
             Connection::Cluster(Box::new(Cluster {
                 client,
                 connection: ArcSwapOption::empty(),
@@ -120,14 +120,14 @@ impl RedisStore {
                 Some(roots) => redis::Client::build_with_tls(url, certificates(Some(roots))),
                 None => redis::Client::open(url),
             }
-            .map_err(|error| StoreError::Redis(error.to_string()))?;
+            .map_err(|error| StoreError::Setup(error.to_string()))?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(settings.timeout.max(Duration::from_millis(250))))
                 .set_response_timeout(Some(settings.timeout))
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(200));
             let manager = ConnectionManager::new_lazy_with_config(client, config)
-                .map_err(|error| StoreError::Redis(error.to_string()))?;
+                .map_err(|error| StoreError::Setup(error.to_string()))?;
             Connection::Single(manager)
         };
         Ok(RedisStore {
@@ -299,9 +299,7 @@ impl RedisStore {
         let mut tripped = vec![false; requests.len()];
         for (group, reply) in groups.iter().zip(replies) {
             if reply.len() != group.len() {
-                return Err(StoreError::Redis(format!(
-                    "unexpected outcome reply {reply:?}"
-                )));
+                return Err(StoreError::Reply(format!("{reply:?}")));
             }
             for (index, flag) in group.iter().zip(reply) {
                 tripped[*index] = flag == "1";

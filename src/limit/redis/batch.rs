@@ -176,7 +176,7 @@ impl<'a> DecideCall<'a> {
     /// little-endian double) and a byte: 1 sufficient, 0 not, plus 2 when the adaptive
     /// multiplier (a double) follows.
     pub(super) fn parse_reply(&self, reply: &[u8]) -> Result<Vec<RequestReply>, StoreError> {
-        let malformed = || StoreError::Redis(format!("unexpected script reply {reply:?}"));
+        let malformed = || StoreError::Reply(format!("{reply:?}"));
         let mut fields = ReplyReader(reply);
         let mut parsed = Vec::with_capacity(self.bucket_counts.len());
         for count in &self.bucket_counts {

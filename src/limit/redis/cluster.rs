@@ -82,7 +82,7 @@ impl RedisStore {
         let mut replies = call.parse_reply(&reply)?;
         replies
             .pop()
-            .ok_or_else(|| StoreError::Redis("empty script reply".to_owned()))
+            .ok_or_else(|| StoreError::Reply("an empty script reply".to_owned()))
     }
 
     /// Gives back the cost of each `(bucket, charge in force)`.

@@ -41,7 +41,8 @@ use crate::respond::{self, FieldValue, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
 use crate::shared::Shared;
 use crate::upstream::{self, OutgoingBody};
-use crate::wire::{header_maps, message};
+use crate::wire::header_maps;
+use crate::wire::message::{self, UpgradeExpected};
 use crate::{client_ip, path, route, Body};
 
 /// A client request's body as the server hands it over.
@@ -108,10 +109,11 @@ enum Decider {
     Nobody,
 }
 
-/// An upstream response, and the client's side of an upgrade it may complete.
+/// An upstream response, and the client's side of an upgrade it may complete with what its
+/// 101 must say.
 struct Forwarded {
     response: Response<Body>,
-    client_upgrade: Option<OnUpgrade>,
+    client_upgrade: Option<(OnUpgrade, UpgradeExpected)>,
 }
 
 /// Counts a request in `tollgate_inflight_requests` until dropped, even when the client goes
@@ -398,7 +400,11 @@ impl Gateway {
     ) -> Result<Forwarded, Reject<'r>> {
         let upgrade = scan.upgrade && message::is_upgrade(&parts.headers);
         let client_upgrade = if upgrade {
-            parts.extensions.remove::<OnUpgrade>()
+            let expected = UpgradeExpected::of(&parts.headers);
+            parts
+                .extensions
+                .remove::<OnUpgrade>()
+                .map(|client| (client, expected))
         } else {
             None
         };
@@ -518,7 +524,11 @@ impl Gateway {
                 client_upgrade,
                 response.extensions_mut().remove::<OnUpgrade>(),
             ) {
-                (Some(client), Some(server)) => self.splice_upgraded(client, server),
+                (Some((client, expected)), Some(server))
+                    if expected.accepted_by(response.headers()) =>
+                {
+                    self.splice_upgraded(client, server)
+                }
                 _ => return Err(Reject::UpgradeFailed),
             }
         }

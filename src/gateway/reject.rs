@@ -40,8 +40,9 @@ pub enum Reject<'a> {
     /// No usable upstream response (502, or 504 on a timeout). Caused by the upstream.
     #[error(transparent)]
     Upstream(#[from] ForwardError),
-    /// The upstream answered 101 but the upgrade could not be joined (502). Caused by the
-    /// upstream.
+    /// The upstream answered 101 without accepting the upgrade asked for (another protocol, a
+    /// wrong `Sec-WebSocket-Accept`, or no upgrade was asked), or the upgrade could not be
+    /// joined (502). Caused by the upstream.
     #[error("upgrade not completed")]
     UpgradeFailed,
 }

@@ -12,7 +12,7 @@ pub(crate) const MAX_REQUEST_FIELDS: usize = 100;
 /// Response head fields at most, read from an upstream.
 pub(crate) const MAX_RESPONSE_FIELDS: usize = 128;
 
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -21,6 +21,8 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
+    // HTTP/2's upgrade settings (RFC 9113 §3.2.1 of the old h2c upgrade): connection-specific.
+    HeaderName::from_static("http2-settings"),
 ];
 
 /// Whether a response with this status never has a body, whatever its fields say (1xx, 204,
@@ -31,11 +33,74 @@ pub(crate) fn is_bodyless(status: StatusCode) -> bool {
         || status == StatusCode::NOT_MODIFIED
 }
 
-/// Whether the request asks to switch protocols (WebSocket): `Upgrade` named in `Connection`.
+/// Whether the request asks to switch protocols, and may: `Upgrade` named in `Connection`,
+/// for any protocol but `h2c`. An h2c upgrade is never forwarded (nginx and Envoy strip it
+/// too): an upstream that accepted it would serve HTTP/2 streams inside the tunnel, past
+/// every limit. Such a request goes on as plain HTTP/1.1, its upgrade fields removed.
 pub(crate) fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
         && header_tokens(headers, header::CONNECTION)
             .any(|token| token.eq_ignore_ascii_case("upgrade"))
+        && !header_tokens(headers, header::UPGRADE)
+            .any(|protocol| protocol.eq_ignore_ascii_case("h2c"))
+}
+
+/// What an upstream's 101 must say to complete the upgrade a request asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UpgradeExpected {
+    /// The protocols the request named in `Upgrade`.
+    protocols: String,
+    /// For WebSocket, the `Sec-WebSocket-Accept` that proves the upstream read the key.
+    accept: Option<String>,
+}
+
+/// GUID appended to a WebSocket key (RFC 6455 §1.3).
+const WEBSOCKET_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+impl UpgradeExpected {
+    /// What to expect for an upgrade request's `headers`.
+    pub(crate) fn of(headers: &HeaderMap) -> UpgradeExpected {
+        let protocols = header_tokens(headers, header::UPGRADE)
+            .collect::<Vec<_>>()
+            .join(",");
+        let websocket = header_tokens(headers, header::UPGRADE)
+            .any(|protocol| protocol.eq_ignore_ascii_case("websocket"));
+        let accept = websocket.then(|| {
+            let key = headers
+                .get(header::SEC_WEBSOCKET_KEY)
+                .map(|key| key.as_bytes())
+                .unwrap_or_default();
+            websocket_accept(key)
+        });
+        UpgradeExpected { protocols, accept }
+    }
+
+    /// Whether a 101 with `response`'s fields completes the upgrade: it switches to one of the
+    /// protocols asked for, and for WebSocket proves it read the key.
+    pub(crate) fn accepted_by(&self, response: &HeaderMap) -> bool {
+        let mut switched = header_tokens(response, header::UPGRADE);
+        let protocol_asked = switched.next().is_some_and(|protocol| {
+            self.protocols
+                .split(',')
+                .any(|asked| asked.eq_ignore_ascii_case(protocol))
+        }) && switched.next().is_none();
+        let accept_matches = match &self.accept {
+            Some(expected) => response
+                .get(header::SEC_WEBSOCKET_ACCEPT)
+                .is_some_and(|accept| accept.as_bytes() == expected.as_bytes()),
+            None => true,
+        };
+        protocol_asked && accept_matches
+    }
+}
+
+/// `Sec-WebSocket-Accept` for a key: base64 of SHA-1 of the key and the GUID.
+fn websocket_accept(key: &[u8]) -> String {
+    use base64::Engine as _;
+    let mut sha1 = sha1_smol::Sha1::new();
+    sha1.update(key);
+    sha1.update(WEBSOCKET_GUID.as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(sha1.digest().bytes())
 }
 
 /// The comma-separated tokens of every `name` field (`Connection: keep-alive, Upgrade`).
@@ -85,6 +150,71 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fields(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(*name, HeaderValue::from_static(value));
+        }
+        headers
+    }
+
+    #[test]
+    fn an_h2c_upgrade_is_never_an_upgrade_and_loses_its_fields() {
+        let mut h2c = fields(&[
+            ("connection", "Upgrade, HTTP2-Settings"),
+            ("upgrade", "h2c"),
+            ("http2-settings", "AAMAAABkAARAAAAAAAIAAAAA"),
+        ]);
+        assert!(!is_upgrade(&h2c));
+        remove_hop_by_hop(&mut h2c, false);
+        assert!(h2c.is_empty(), "{h2c:?}");
+        // Not even hidden among other protocols, or with its settings not named in Connection.
+        let mut mixed = fields(&[("connection", "upgrade"), ("upgrade", "websocket, H2C")]);
+        assert!(!is_upgrade(&mixed));
+        mixed.insert("http2-settings", HeaderValue::from_static("AAMA"));
+        remove_hop_by_hop(&mut mixed, false);
+        assert!(mixed.is_empty(), "{mixed:?}");
+    }
+
+    #[test]
+    fn a_websocket_upgrade_completes_only_with_the_proof_of_its_key() {
+        // The example of RFC 6455 §1.3.
+        let request = fields(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ]);
+        let expected = UpgradeExpected::of(&request);
+        let accepted = fields(&[
+            ("upgrade", "WebSocket"),
+            ("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+        ]);
+        assert!(expected.accepted_by(&accepted));
+        let wrong_proof = fields(&[
+            ("upgrade", "websocket"),
+            ("sec-websocket-accept", "AAAAAAAAAAAAAAAAAAAAAAAAAAA="),
+        ]);
+        assert!(!expected.accepted_by(&wrong_proof));
+        assert!(!expected.accepted_by(&fields(&[("upgrade", "websocket")])));
+        let other_protocol = fields(&[
+            ("upgrade", "h2c"),
+            ("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+        ]);
+        assert!(!expected.accepted_by(&other_protocol));
+        assert!(!expected.accepted_by(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn other_upgrades_complete_when_the_upstream_switches_to_a_protocol_asked_for() {
+        let expected = UpgradeExpected::of(&fields(&[
+            ("connection", "upgrade"),
+            ("upgrade", "foo/2, bar"),
+        ]));
+        assert!(expected.accepted_by(&fields(&[("upgrade", "bar")])));
+        assert!(!expected.accepted_by(&fields(&[("upgrade", "baz")])));
+        assert!(!expected.accepted_by(&fields(&[("upgrade", "bar, foo/2")])));
+    }
 
     #[test]
     fn a_transfer_coded_message_loses_its_content_length() {

@@ -28,7 +28,8 @@ type TestBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
 /// A test upstream. Paths:
 /// - `/slow`: answers after 5 s;
 /// - `/echo-body`: streams the request body back;
-/// - `/ws`: switches protocols and echoes bytes;
+/// - `/ws`: switches protocols and echoes bytes; `/ws-wrong-proof` too, with a wrong
+///   `Sec-WebSocket-Accept`;
 /// - `/auth`: 401 when the body contains "wrong", else 200;
 /// - `/missing/...`: 404;
 /// - `/delayed`: answers after `delay_ms`;
@@ -107,7 +108,18 @@ async fn upstream_answer(mut request: Request<Incoming>, delay: Duration) -> Res
                 .boxed();
             Response::new(body)
         }
-        "/ws" => {
+        "/ws" | "/ws-wrong-proof" => {
+            // The proof of the key (RFC 6455 §4.2.2), or a wrong one.
+            let accept = match request.headers().get("sec-websocket-key") {
+                Some(key) if request.uri().path() == "/ws" => {
+                    use base64::Engine as _;
+                    let mut sha1 = sha1_smol::Sha1::new();
+                    sha1.update(key.as_bytes());
+                    sha1.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+                    base64::engine::general_purpose::STANDARD.encode(sha1.digest().bytes())
+                }
+                _ => "AAAAAAAAAAAAAAAAAAAAAAAAAAA=".to_owned(),
+            };
             let upgrade = hyper::upgrade::on(&mut request);
             tokio::spawn(async move {
                 if let Ok(upgraded) = upgrade.await {
@@ -128,6 +140,9 @@ async fn upstream_answer(mut request: Request<Incoming>, delay: Duration) -> Res
             response
                 .headers_mut()
                 .insert("connection", "upgrade".parse().unwrap());
+            response
+                .headers_mut()
+                .insert("sec-websocket-accept", accept.parse().unwrap());
             response
         }
         _ => {

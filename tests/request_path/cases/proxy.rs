@@ -303,11 +303,52 @@ async fn an_upgrade_on_hyper_s_client_also_skips_an_address_that_refuses_connect
     for _ in 0..4 {
         let (head, _stream) = raw_head(
             gateway.addresses[0],
-            b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+            b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
         )
         .await;
         assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     }
+}
+
+#[tokio::test]
+async fn an_h2c_upgrade_is_served_as_http1_without_its_upgrade_fields() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
+    let request = b"GET /h2c HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n";
+    let (head, mut stream) = raw_head(gateway.addresses[0], request).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|line| {
+            line.to_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .expect("a length");
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).await.unwrap();
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let headers = seen["headers"]
+        .as_object()
+        .expect("the upstream's view of the headers");
+    for name in ["upgrade", "http2-settings", "connection"] {
+        assert!(
+            !headers.contains_key(name),
+            "{name} reached the upstream: {headers:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_101_without_the_proof_of_the_websocket_key_is_a_502() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
+    let (head, _stream) = raw_head(
+        gateway.addresses[0],
+        b"GET /ws-wrong-proof HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await;
+    assert_eq!(raw_status(&head), 502, "{head}");
 }
 
 #[tokio::test]

@@ -8,13 +8,24 @@ use http_body::{Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use http_body_util::BodyExt;
 
+use crate::in_flight::InFlight;
 use crate::BoxError;
 
 /// Bytes in memory — the gateway's own answers, and upstream bodies that arrived with their
 /// head — or any other body, boxed. Bytes in memory are not boxed: that would cost an
 /// allocation per response.
+///
+/// A response's body also holds its request's place in the in-flight counts: a body is
+/// dropped once it has been sent whole or its client went away, and the request stops
+/// counting then, not when its head was ready.
 #[derive(Debug)]
-pub enum Body {
+pub struct Body {
+    content: Content,
+    in_flight: InFlight,
+}
+
+#[derive(Debug)]
+enum Content {
     /// `None` once taken, or when empty from the start.
     Full(Option<Bytes>),
     Boxed(BoxBody<Bytes, BoxError>),
@@ -23,11 +34,11 @@ pub enum Body {
 impl Body {
     pub fn full(bytes: impl Into<Bytes>) -> Body {
         let bytes = bytes.into();
-        Body::Full((!bytes.is_empty()).then_some(bytes))
+        Body::of(Content::Full((!bytes.is_empty()).then_some(bytes)))
     }
 
     pub fn empty() -> Body {
-        Body::Full(None)
+        Body::of(Content::Full(None))
     }
 
     pub fn boxed<B>(body: B) -> Body
@@ -35,7 +46,19 @@ impl Body {
         B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
-        Body::Boxed(body.map_err(Into::into).boxed())
+        Body::of(Content::Boxed(body.map_err(Into::into).boxed()))
+    }
+
+    fn of(content: Content) -> Body {
+        Body {
+            content,
+            in_flight: InFlight::default(),
+        }
+    }
+
+    /// What the body counts in flight until it is dropped.
+    pub(crate) fn in_flight(&mut self) -> &mut InFlight {
+        &mut self.in_flight
     }
 }
 
@@ -47,23 +70,25 @@ impl http_body::Body for Body {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            Body::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
-            Body::Boxed(body) => Pin::new(body).poll_frame(cx),
+        match &mut self.get_mut().content {
+            Content::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
+            Content::Boxed(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            Body::Full(bytes) => bytes.is_none(),
-            Body::Boxed(body) => body.is_end_stream(),
+        match &self.content {
+            Content::Full(bytes) => bytes.is_none(),
+            Content::Boxed(body) => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
-            Body::Boxed(body) => body.size_hint(),
+        match &self.content {
+            Content::Full(bytes) => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
+            Content::Boxed(body) => body.size_hint(),
         }
     }
 }

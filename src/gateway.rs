@@ -34,6 +34,7 @@ use self::accounting::Accounting;
 use self::checks::FieldScan;
 pub use self::reject::{Cause, Reject, Reports};
 use crate::config::{HeaderMode, Mode, StoreFailurePolicy};
+use crate::in_flight::RequestInFlight;
 use crate::key::{self, RequestFacts};
 use crate::limit::{clock, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
 use crate::metrics::{Outcome, StatusClass};
@@ -116,23 +117,6 @@ struct Forwarded {
     client_upgrade: Option<(OnUpgrade, UpgradeExpected)>,
 }
 
-/// Counts a request in `tollgate_inflight_requests` until dropped, even when the client goes
-/// away and the request's future is dropped half-way.
-struct InFlightRequest<'a>(&'a crate::metrics::IntGauge);
-
-impl<'a> InFlightRequest<'a> {
-    fn new(gauge: &'a crate::metrics::IntGauge) -> InFlightRequest<'a> {
-        gauge.inc();
-        InFlightRequest(gauge)
-    }
-}
-
-impl Drop for InFlightRequest<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 impl Gateway {
     /// Answers one request; never fails (rejections become responses).
     pub async fn handle(
@@ -141,7 +125,9 @@ impl Gateway {
         connection: &Connection,
         fields: &mut SetFields,
     ) -> Response<Body> {
-        let _inflight = InFlightRequest::new(&self.shared.metrics.inflight);
+        // Counted until the response body is dropped (sent whole, or its client went away);
+        // dropped with this future if the client goes away before the answer.
+        let in_flight = RequestInFlight::new(&self.shared.metrics.inflight);
         let runtime = self.shared.runtime.load_full();
         let scan = FieldScan::of(request.headers());
         let client_id = scan
@@ -176,6 +162,8 @@ impl Gateway {
             exchange.cause = reject.cause();
             respond::rejection(reject, header_mode, fields)
         });
+        let mut response = response;
+        response.body_mut().in_flight().request = Some(in_flight);
         exchange.log(response.status());
         fields.set(
             &REQUEST_ID_NAME,
@@ -425,9 +413,8 @@ impl Gateway {
             .send(parts, forwarding, &exchange.path, body, sent)
             .await;
         let elapsed = clock::elapsed(sent);
-        drop(in_flight);
         exchange.upstream = Some(elapsed);
-        let response = result.map_err(|error| {
+        let mut response = result.map_err(|error| {
             route.metrics.upstream_status(StatusClass::Error).inc();
             tracing::warn!(route = %route.route.name, upstream = %route.upstream.settings.name, %error, "upstream failed");
             Reject::Upstream(error)
@@ -443,6 +430,8 @@ impl Gateway {
         if watching_load {
             self.shared.load.observe(elapsed);
         }
+        // The upstream counts as loaded until its response body ends.
+        response.body_mut().in_flight().upstream = in_flight;
         Ok(Forwarded {
             response,
             client_upgrade,
@@ -527,7 +516,9 @@ impl Gateway {
                 (Some((client, expected)), Some(server))
                     if expected.accepted_by(response.headers()) =>
                 {
-                    self.splice_upgraded(client, server)
+                    // The tunnel counts in flight until it closes.
+                    let in_flight = RequestInFlight::new(&self.shared.metrics.inflight);
+                    self.splice_upgraded(client, server, in_flight)
                 }
                 _ => return Err(Reject::UpgradeFailed),
             }
@@ -538,8 +529,9 @@ impl Gateway {
     }
 
     /// Copies bytes both ways between an upgraded client and upstream connection.
-    fn splice_upgraded(&self, client: OnUpgrade, server: OnUpgrade) {
+    fn splice_upgraded(&self, client: OnUpgrade, server: OnUpgrade, in_flight: RequestInFlight) {
         self.shared.tasks.spawn(async move {
+            let _in_flight = in_flight;
             let (client, server) = match tokio::try_join!(client, server) {
                 Ok(pair) => pair,
                 Err(error) => {

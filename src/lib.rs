@@ -14,6 +14,7 @@ pub mod config;
 pub mod demo;
 pub mod gateway;
 mod hex;
+mod in_flight;
 pub mod key;
 pub mod limit;
 pub mod metrics;

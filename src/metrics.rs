@@ -218,7 +218,7 @@ impl Metrics {
         ));
         let inflight = per_thread(Family::int_gauge(
             "tollgate_inflight_requests",
-            "Requests being served.",
+            "Requests being served: from the request head until the response body is sent, the client goes away, or an upgraded connection closes.",
         ))
         .gauge();
         let config_reloads = counter(

@@ -6,9 +6,11 @@
 //! share of the traffic.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Overload;
+use crate::in_flight::UpstreamInFlight;
 
 /// Seconds a full recovery (from `factor` back to 1) takes.
 const RECOVERY_SECONDS: f64 = 10.0;
@@ -39,7 +41,8 @@ const QUIET_TICKS: u64 = 10;
 /// Upstream load as the gateway sees it, and the factor it implies.
 #[derive(Debug)]
 pub struct LoadMonitor {
-    inflight: AtomicU64,
+    /// Upstream requests whose response body has not ended.
+    inflight: Arc<AtomicU64>,
     /// Moving average of upstream latency, in seconds (f64 bits).
     latency: AtomicU64,
     has_average: AtomicBool,
@@ -52,7 +55,7 @@ pub struct LoadMonitor {
 impl Default for LoadMonitor {
     fn default() -> LoadMonitor {
         LoadMonitor {
-            inflight: AtomicU64::new(0),
+            inflight: Arc::new(AtomicU64::new(0)),
             latency: AtomicU64::new(0f64.to_bits()),
             has_average: AtomicBool::new(false),
             samples_since_tick: AtomicU64::new(0),
@@ -62,25 +65,15 @@ impl Default for LoadMonitor {
     }
 }
 
-/// Counts an upstream request as in flight until dropped.
-#[derive(Debug)]
-pub struct InFlight<'a>(&'a LoadMonitor);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 impl LoadMonitor {
     /// What every limit's rate is multiplied by now.
     pub fn factor(&self) -> f64 {
         f64::from_bits(self.factor.load(Ordering::Relaxed))
     }
 
-    pub fn start_request(&self) -> InFlight<'_> {
-        self.inflight.fetch_add(1, Ordering::Relaxed);
-        InFlight(self)
+    /// Counts an upstream request until the guard is dropped (with its response body).
+    pub fn start_request(&self) -> UpstreamInFlight {
+        UpstreamInFlight::new(&self.inflight)
     }
 
     /// Adds one upstream latency sample to the moving average.

@@ -27,6 +27,7 @@ type TestBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
 
 /// A test upstream. Paths:
 /// - `/slow`: answers after 5 s;
+/// - `/held-body`: sends its head and a first piece of body at once, the rest after 10 s;
 /// - `/echo-body`: streams the request body back;
 /// - `/ws`: switches protocols and echoes bytes; `/ws-wrong-proof` too, with a wrong
 ///   `Sec-WebSocket-Accept`;
@@ -96,6 +97,18 @@ async fn upstream_answer(mut request: Request<Incoming>, delay: Duration) -> Res
         "/delayed" => {
             tokio::time::sleep(delay).await;
             text(StatusCode::OK, "eventually")
+        }
+        "/held-body" => {
+            // The head and a first piece at once; the rest of the body is held for 10 s.
+            let (sender, receiver) =
+                tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
+            tokio::spawn(async move {
+                let _ = sender.send(Ok(Frame::data(Bytes::from("first ")))).await;
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let _ = sender.send(Ok(Frame::data(Bytes::from("last")))).await;
+            });
+            let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(receiver));
+            Response::new(BodyExt::boxed(body))
         }
         "/slow" => {
             tokio::time::sleep(Duration::from_secs(5)).await;

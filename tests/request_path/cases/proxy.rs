@@ -379,6 +379,10 @@ async fn websocket_upgrade_passes_through_after_the_limits() {
     )
     .await;
     assert_eq!(raw_status(&refused), 429);
+    // The tunnel counts in flight until it closes (the refusal's answer is sent).
+    until_metric(&gateway, "tollgate_inflight_requests", |value| value == 1.0).await;
+    drop(stream);
+    until_metric(&gateway, "tollgate_inflight_requests", |value| value == 0.0).await;
 }
 
 #[tokio::test]
@@ -549,4 +553,58 @@ async fn a_client_that_goes_away_mid_request_is_not_counted_in_flight_forever() 
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Sends `GET /held-body` on `count` new connections and reads each response's head.
+async fn held_bodies(gateway: &tollgate::Tollgate, count: usize) -> Vec<TcpStream> {
+    let mut streams = Vec::new();
+    for _ in 0..count {
+        let (head, stream) = raw_head(
+            gateway.addresses[0],
+            b"GET /held-body HTTP/1.1\r\nHost: a\r\n\r\n",
+        )
+        .await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        streams.push(stream);
+    }
+    streams
+}
+
+/// Waits up to 10 s for `series` to read `expected`.
+async fn until_metric(gateway: &tollgate::Tollgate, series: &str, done: impl Fn(f64) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let value = metric(&gateway.render_metrics(), series);
+        if done(value) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{series} stays {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_request_counts_in_flight_until_its_body_is_sent_or_its_client_leaves() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
+    let streams = held_bodies(&gateway, 2).await;
+    // Both heads are out; both bodies are still coming.
+    assert_eq!(
+        metric(&gateway.render_metrics(), "tollgate_inflight_requests"),
+        2.0
+    );
+    drop(streams);
+    until_metric(&gateway, "tollgate_inflight_requests", |value| value == 0.0).await;
+}
+
+#[tokio::test]
+async fn upstream_requests_whose_bodies_are_still_coming_count_as_load() {
+    let upstream = start_upstream().await;
+    let policy = format!("{BASIC}\n[overload]\nmax_inflight = 1\nfactor = 0.5\n");
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
+    let _streams = held_bodies(&gateway, 3).await;
+    until_metric(&gateway, "tollgate_load_factor", |factor| factor < 1.0).await;
 }

@@ -191,7 +191,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
         // The head is written: the map can hold another response's.
         crate::wire::header_maps::give_back(parts.headers);
         let written = tokio::select! {
-            written = write_body(self.io, &mut self.out, body, head.framing) => written,
+            written = write_body(
+                self.io,
+                &mut self.out,
+                body,
+                head.framing,
+                self.buffer,
+                self.guards.max_head_bytes,
+            ) => written,
             _ = self.watchdog.until_idle() => return Err(Ending::Closed),
         };
         if written.is_err() {

@@ -8,7 +8,7 @@ use futures_util::FutureExt;
 use http::header::{self, HeaderMap};
 use http::StatusCode;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::respond::SetFields;
 use crate::wire::date::with_date;
@@ -106,15 +106,19 @@ pub(super) fn encode_response_head(
 
 /// Writes `out` (the response head) and the body after it. What is in hand goes out in one
 /// write; a body still arriving is written as it comes. A body that fails ends the connection
-/// (its length would be wrong).
+/// (its length would be wrong). While it waits for the body, the connection is read on into
+/// `inbound` (up to `max_inbound` bytes): a client that goes away ends the response there and
+/// then, and pipelined requests are kept.
 pub(super) async fn write_body<S>(
     io: &mut S,
     out: &mut BytesMut,
     mut body: Body,
     framing: Framing,
+    inbound: &mut BytesMut,
+    max_inbound: usize,
 ) -> io::Result<()>
 where
-    S: AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
     let chunked = framing == Framing::Chunked;
     let mut trailers = None;
@@ -124,7 +128,7 @@ where
                 Some(frame) => frame,
                 None => {
                     write_out(io, out).await?;
-                    body.frame().await
+                    next_frame(io, &mut body, inbound, max_inbound).await?
                 }
             };
             let Some(frame) = frame else { break };
@@ -164,6 +168,26 @@ where
     }
     write_out(io, out).await?;
     io.flush().await
+}
+
+/// The body's next frame, reading on meanwhile; `Err` when the client went away.
+async fn next_frame<S: AsyncRead + Unpin>(
+    io: &mut S,
+    body: &mut Body,
+    inbound: &mut BytesMut,
+    max_inbound: usize,
+) -> io::Result<Option<Result<http_body::Frame<bytes::Bytes>, crate::BoxError>>> {
+    loop {
+        tokio::select! {
+            biased;
+            frame = body.frame() => return Ok(frame),
+            read = io.read_buf(inbound), if inbound.len() < max_inbound => match read {
+                Ok(0) => return Err(io::ErrorKind::ConnectionAborted.into()),
+                Err(error) => return Err(error),
+                Ok(_) => {}
+            },
+        }
+    }
 }
 
 async fn write_out<S: AsyncWrite + Unpin>(io: &mut S, out: &mut BytesMut) -> io::Result<()> {
@@ -323,37 +347,57 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn bodies_are_written_with_their_framing() {
-        let mut written = Vec::new();
+    /// What `write_body` writes of `body` after `HEAD\r\n`, on a connection.
+    async fn written(body: Body, framing: Framing) -> Vec<u8> {
+        let (mut server, mut client) = tokio::io::duplex(1 << 20);
+        let mut inbound = BytesMut::new();
         let mut out = BytesMut::from("HEAD\r\n");
-        let body = full(b"hello").into_body();
-        write_body(&mut written, &mut out, body, Framing::Chunked)
+        write_body(&mut server, &mut out, body, framing, &mut inbound, 1024)
             .await
             .unwrap();
-        assert_eq!(written, b"HEAD\r\n5\r\nhello\r\n0\r\n\r\n");
+        drop(server);
         let mut written = Vec::new();
+        client.read_to_end(&mut written).await.unwrap();
+        written
+    }
+
+    #[tokio::test]
+    async fn bodies_are_written_with_their_framing() {
+        let chunked = written(full(b"hello").into_body(), Framing::Chunked).await;
+        assert_eq!(chunked, b"HEAD\r\n5\r\nhello\r\n0\r\n\r\n");
         let large = vec![b'x'; COPY_AT_MOST + 1];
-        let body = Body::full(large.clone());
-        write_body(
-            &mut written,
-            &mut BytesMut::from("HEAD\r\n"),
-            body,
-            Framing::Length,
+        let length = written(Body::full(large.clone()), Framing::Length).await;
+        assert_eq!(length.len(), 6 + large.len());
+        let none = written(full(b"x").into_body(), Framing::None).await;
+        assert_eq!(none, b"HEAD\r\n");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_leaves_while_the_body_is_awaited_ends_the_response() {
+        let (mut server, client) = tokio::io::duplex(1 << 16);
+        // A body whose next frame never comes.
+        let (_sender, receiver) =
+            tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, std::io::Error>>(1);
+        let body = Body::boxed(http_body_util::StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+        ));
+        drop(client);
+        let mut out = BytesMut::from("HEAD\r\n");
+        let mut inbound = BytesMut::new();
+        let result = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            write_body(
+                &mut server,
+                &mut out,
+                body,
+                Framing::Chunked,
+                &mut inbound,
+                1024,
+            ),
         )
         .await
-        .unwrap();
-        assert_eq!(written.len(), 6 + large.len());
-        let mut written = Vec::new();
-        write_body(
-            &mut written,
-            &mut BytesMut::from("HEAD\r\n"),
-            full(b"x").into_body(),
-            Framing::None,
-        )
-        .await
-        .unwrap();
-        assert_eq!(written, b"HEAD\r\n");
+        .expect("the response ends when its client leaves, not when its body does");
+        assert!(result.is_err());
     }
 
     #[test]

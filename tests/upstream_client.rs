@@ -46,7 +46,7 @@ limits = ["per_network"]
 "#;
 
 /// What the scripted upstream does after answering.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Then {
     KeepOpen,
     Close,
@@ -54,7 +54,12 @@ enum Then {
     CloseWhenIdle,
     /// Reads the next request on the connection, then closes it without an answer.
     DropNextRequest,
+    /// Sends these bytes 300 ms later, unasked, and keeps the connection open.
+    SendLate(&'static str),
 }
+
+/// What an upstream sends unasked after a response: a response of its own.
+const LATE_RESPONSE: &str = "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged";
 
 /// The raw answer to a request path.
 fn script(path: &str) -> (Vec<u8>, Then) {
@@ -93,6 +98,15 @@ fn script(path: &str) -> (Vec<u8>, Then) {
             "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n\
              5\r\nhello\r\n0\r\n\r\n",
             Then::Close,
+        ),
+        // Bytes the framing says are not there, sent after a pause, shaped as a response.
+        "/late-after-204" => answer(
+            "HTTP/1.1 204 No Content\r\n\r\n",
+            Then::SendLate(LATE_RESPONSE),
+        ),
+        "/late-after-length" => answer(
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            Then::SendLate(LATE_RESPONSE),
         ),
         "/garbage" => answer("SSH-2.0-OpenSSH_9.6\r\n\r\n", Then::Close),
         "/drop-next" => answer(
@@ -168,6 +182,12 @@ async fn serve_scripted(mut stream: TcpStream, log: Arc<Mutex<Vec<String>>>) {
             Then::CloseWhenIdle => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 return;
+            }
+            Then::SendLate(bytes) => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if stream.write_all(bytes.as_bytes()).await.is_err() {
+                    return;
+                }
             }
         }
     }
@@ -371,6 +391,27 @@ async fn a_response_with_length_and_chunked_reaches_the_client_framed_once() {
                 (second.status(), second.text().as_str()),
                 (200, "ok"),
                 "{http1} {path}: the next response is the upstream's own"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn bytes_an_upstream_sends_unasked_never_answer_another_request() {
+    let upstream = start_scripted_upstream().await;
+    let gateway = start_gateway(POLICY, upstream.address).await;
+    for (path, status) in [("/late-after-204", 204), ("/late-after-length", 200)] {
+        for _ in 0..4 {
+            let first = HttpClient::new(gateway.addresses[0]);
+            assert_eq!(first.get(path, &[]).await.status.as_u16(), status, "{path}");
+            // The unasked bytes arrive while the connection is back in the pool.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let other = HttpClient::new(gateway.addresses[0]);
+            let reply = other.get("/ok", &[]).await;
+            assert_eq!(
+                (reply.status.as_u16(), reply.body.as_ref()),
+                (200, b"ok".as_ref()),
+                "{path}: another client's request got the unasked bytes"
             );
         }
     }

@@ -165,7 +165,13 @@ impl IdleConnections {
         None
     }
 
+    /// Keeps a connection whose message ended cleanly (its caller checked that nothing of it
+    /// is left in the buffer), unless the upstream has already sent more: bytes nobody asked
+    /// for would be read as the next request's response.
     fn checkin(&self, connection: Connection) {
+        if connection.is_stale() {
+            return;
+        }
         let mut list = self.list.lock();
         // The oldest one is checked in passing, so that connections the upstream closed while
         // traffic was light do not linger until they are reached.

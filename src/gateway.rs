@@ -30,7 +30,7 @@ use hyper_util::rt::TokioIo;
 use smallvec::SmallVec;
 
 use self::access_log::Exchange;
-use self::accounting::Accounting;
+use self::accounting::BucketAccount;
 use self::checks::FieldScan;
 pub use self::reject::{Cause, Reject, Reports};
 use crate::config::{HeaderMode, Mode, StoreFailurePolicy};
@@ -88,16 +88,17 @@ struct Routed<'r> {
     route: &'r ServedRoute,
     /// The request's `Host` (or `:authority`), forwarded as it came.
     host: Option<HeaderValue>,
+    scan: FieldScan,
+    connection: &'r Connection,
 }
 
 /// A request's buckets, one per applicable limit, inline for the usual handful.
 type Buckets<'r> = SmallVec<[BucketRequest<'r>; 4]>;
 
 /// A request its limits let through, and on what grounds.
-struct Admission<'r> {
+struct Admission {
     outcome: Outcome,
     decider: Decider,
-    reports: Reports<'r>,
 }
 
 /// Which store took a request's decision (and so receives its response hooks).
@@ -136,10 +137,12 @@ impl Gateway {
             .flatten();
         let request_id = self.shared.request_ids.for_request(client_id);
         let mut exchange = Exchange::new(request.method().clone(), request_id);
-        let result = match self.route(&runtime, &request, &scan, &mut exchange) {
+        // What the client is told of the route's limits, on a 429 or beside an admission.
+        let mut reports = Reports::new();
+        let result = match self.route(&runtime, &request, scan, connection, &mut exchange) {
             Ok(routed) => {
                 let result = self
-                    .serve(&routed, request, &scan, connection, &mut exchange, fields)
+                    .serve(&routed, request, &mut exchange, fields, &mut reports)
                     .await;
                 let outcome = match &result {
                     Ok(_) => exchange.outcome,
@@ -160,7 +163,7 @@ impl Gateway {
         let header_mode = runtime.policy.server.ratelimit_headers;
         let response = result.unwrap_or_else(|reject| {
             exchange.cause = reject.cause();
-            respond::rejection(reject, header_mode, fields)
+            respond::rejection(reject, header_mode, &reports, fields)
         });
         let mut response = response;
         response.body_mut().in_flight().request = Some(in_flight);
@@ -177,14 +180,15 @@ impl Gateway {
         &self,
         runtime: &'r Runtime,
         request: &Request<RequestBody>,
-        scan: &FieldScan,
+        scan: FieldScan,
+        connection: &'r Connection,
         exchange: &mut Exchange,
-    ) -> Result<Routed<'r>, Reject<'r>> {
+    ) -> Result<Routed<'r>, Reject> {
         exchange.path = path::normalize(request.uri().path());
         if self.shared.shutting_down.load(Ordering::Relaxed) {
             return Err(Reject::ShuttingDown);
         }
-        let host = checks::check_request(request, scan, runtime.policy.server.max_header_bytes)?;
+        let host = checks::check_request(request, &scan, runtime.policy.server.max_header_bytes)?;
         // Only routes with a `host` need the host name (parsed again, lower-cased).
         let host_name = runtime
             .matches_hosts
@@ -204,6 +208,8 @@ impl Gateway {
             runtime,
             route,
             host,
+            scan,
+            connection,
         })
     }
 
@@ -212,18 +218,18 @@ impl Gateway {
         &self,
         routed: &Routed<'r>,
         request: Request<RequestBody>,
-        scan: &FieldScan,
-        connection: &Connection,
         exchange: &mut Exchange,
         fields: &mut SetFields,
-    ) -> Result<Response<Body>, Reject<'r>> {
-        let client = self.client_address(routed, request.headers(), scan, connection)?;
+        reports: &mut Reports<'r>,
+    ) -> Result<Response<Body>, Reject> {
+        let client = self.client_address(routed, request.headers())?;
         exchange.client = Some(client);
         let (parts, body) = request.into_parts();
         let max_body = routed.runtime.policy.server.max_buffered_body;
         let body = read_body(routed.route, max_body, &parts.headers, body).await?;
-        let buckets = self.bucket_requests(routed.route, client, &parts, &body)?;
-        let admission = match self.decide(routed.route, &buckets, exchange).await {
+        let mut buckets = Buckets::new();
+        self.bucket_requests(routed.route, client, &parts, &body, &mut buckets)?;
+        let admission = match self.decide(routed.route, &buckets, exchange, reports).await {
             Ok(admission) => admission,
             Err(reject) => {
                 // Refusals come in floods: the request's map can hold the next request's head.
@@ -232,29 +238,22 @@ impl Gateway {
             }
         };
         exchange.outcome = Some(admission.outcome);
-        let forwarded = self
-            .forward(routed, parts, body, scan, connection, exchange)
-            .await?;
+        let forwarded = self.forward(routed, parts, body, exchange).await?;
         let status = forwarded.response.status().as_u16();
         self.after_response(routed.route, &buckets, admission.decider, status)
             .await;
         let header_mode = routed.runtime.policy.server.ratelimit_headers;
-        self.finish(forwarded, header_mode, &admission.reports, fields)
+        self.finish(forwarded, header_mode, reports, fields)
     }
 
     /// The client's address, from the peer and the trusted forwarding hops.
-    fn client_address<'r>(
-        &self,
-        routed: &Routed<'r>,
-        headers: &HeaderMap,
-        scan: &FieldScan,
-        connection: &Connection,
-    ) -> Result<IpAddr, Reject<'r>> {
-        let forwarded_for = scan
+    fn client_address(&self, routed: &Routed<'_>, headers: &HeaderMap) -> Result<IpAddr, Reject> {
+        let forwarded_for = routed
+            .scan
             .forwarded_for(headers)
             .filter_map(|value| value.to_str().ok());
         let trust = &routed.runtime.policy.client_ip.trust;
-        let resolved = client_ip::resolve(trust, connection.peer, forwarded_for)
+        let resolved = client_ip::resolve(trust, routed.connection.peer, forwarded_for)
             .map_err(|error| Reject::BadRequest(error.to_string()))?;
         if let Some(warning) = resolved.warning {
             self.shared.trust_warning(warning);
@@ -263,21 +262,22 @@ impl Gateway {
     }
 
     /// One bucket per limit of the route that applies to this request (a limit whose key the
-    /// request lacks, or that exempts the client, is skipped as the limit says).
+    /// request lacks, or that exempts the client, is skipped as the limit says), into
+    /// `buckets` (filled in place: a handful of buckets is a lot of bytes to move).
     fn bucket_requests<'r>(
         &self,
         route: &'r ServedRoute,
         client: IpAddr,
         parts: &Parts,
         body: &OutgoingBody,
-    ) -> Result<Buckets<'r>, Reject<'r>> {
+        buckets: &mut Buckets<'r>,
+    ) -> Result<(), Reject> {
         let body = match body {
             OutgoingBody::Buffered(bytes) if route.route.reads_body => Some(bytes.as_ref()),
             _ => None,
         };
         let facts = RequestFacts::new(client, &parts.headers, parts.uri.query(), body);
         let load_factor = self.shared.load.factor();
-        let mut buckets = Buckets::new();
         for (position, applied) in route.limits.iter().enumerate() {
             let limit = &*applied.limit;
             let Some(key_parts) = key::extract(limit, &facts, &self.shared.hasher)
@@ -301,7 +301,7 @@ impl Gateway {
                 route_limit: position,
             });
         }
-        Ok(buckets)
+        Ok(())
     }
 
     /// One decision for all of the request's buckets: from the store, or as the route's
@@ -311,11 +311,11 @@ impl Gateway {
         route: &'r ServedRoute,
         buckets: &[BucketRequest<'r>],
         exchange: &mut Exchange,
-    ) -> Result<Admission<'r>, Reject<'r>> {
+        reports: &mut Reports<'r>,
+    ) -> Result<Admission, Reject> {
         let admitted_unlimited = |outcome| Admission {
             outcome,
             decider: Decider::Nobody,
-            reports: Reports::new(),
         };
         if buckets.is_empty() {
             return Ok(admitted_unlimited(Outcome::Allowed));
@@ -335,25 +335,22 @@ impl Gateway {
                 }
             }
         };
-        let accounting = accounting::account(buckets, &decision);
-        record_accounting(route, &accounting);
+        let accounting = accounting::account(buckets, &decision, reports, |share| {
+            record_share(route, share)
+        });
         if !accounting.admitted {
             if access_log::enabled() {
-                exchange.limit = Some(accounting.refusing());
+                exchange.limit = Some(accounting::refusing(reports));
             }
-            tracing::debug!(route = %route.route.name, limits = %accounting.refusing(), "refused");
-            return Err(Reject::Limited(accounting.reports));
+            tracing::debug!(route = %route.route.name, limits = %accounting::refusing(reports), "refused");
+            return Err(Reject::Limited);
         }
         let outcome = match decider {
             Decider::Local => Outcome::DegradedAllowed,
             _ if accounting.shadow_refused => Outcome::ShadowLimited,
             _ => Outcome::Allowed,
         };
-        Ok(Admission {
-            outcome,
-            decider,
-            reports: accounting.reports,
-        })
+        Ok(Admission { outcome, decider })
     }
 
     /// The store's decision; a failure is timed, counted and logged here (an open circuit,
@@ -377,15 +374,14 @@ impl Gateway {
     }
 
     /// Sends the admitted request upstream and waits for the response head.
-    async fn forward<'r>(
+    async fn forward(
         &self,
-        routed: &Routed<'r>,
+        routed: &Routed<'_>,
         mut parts: Parts,
         body: OutgoingBody,
-        scan: &FieldScan,
-        connection: &Connection,
         exchange: &mut Exchange,
-    ) -> Result<Forwarded, Reject<'r>> {
+    ) -> Result<Forwarded, Reject> {
+        let (scan, connection) = (&routed.scan, routed.connection);
         let upgrade = scan.upgrade && message::is_upgrade(&parts.headers);
         let client_upgrade = if upgrade {
             let expected = UpgradeExpected::of(&parts.headers);
@@ -496,13 +492,13 @@ impl Gateway {
 
     /// Completes an upgrade the upstream accepted, strips the response's hop-by-hop fields
     /// and adds the rate-limit headers.
-    fn finish<'r>(
+    fn finish(
         &self,
         forwarded: Forwarded,
         header_mode: HeaderMode,
-        reports: &Reports<'r>,
+        reports: &Reports<'_>,
         fields: &mut SetFields,
-    ) -> Result<Response<Body>, Reject<'r>> {
+    ) -> Result<Response<Body>, Reject> {
         let Forwarded {
             mut response,
             client_upgrade,
@@ -547,28 +543,26 @@ impl Gateway {
     }
 }
 
-/// Records an accounted decision in the metrics of the route's limits.
-fn record_accounting(route: &ServedRoute, accounting: &Accounting<'_>) {
-    for bucket in &accounting.buckets {
-        let metrics = &route.limits[bucket.route_limit].metrics;
-        metrics.fill_ratio.observe(bucket.fill_ratio);
-        if bucket.charged > 0.0 {
-            metrics.tokens_consumed.inc_by(bucket.charged);
-        }
-        if bucket.refused {
-            metrics.limited.inc();
-        }
+/// Records a bucket's share of a decision in the metrics of its limit.
+fn record_share(route: &ServedRoute, share: BucketAccount) {
+    let metrics = &route.limits[share.route_limit].metrics;
+    metrics.fill_ratio.observe(share.fill_ratio);
+    if share.charged > 0.0 {
+        metrics.tokens_consumed.inc_by(share.charged);
+    }
+    if share.refused {
+        metrics.limited.inc();
     }
 }
 
 /// The request's body as it goes upstream: read whole (up to `max` bytes) when the route's
 /// keys read it, otherwise streamed.
-async fn read_body<'r>(
+async fn read_body(
     route: &ServedRoute,
     max: usize,
     headers: &HeaderMap,
     body: RequestBody,
-) -> Result<OutgoingBody, Reject<'r>> {
+) -> Result<OutgoingBody, Reject> {
     Ok(match body {
         RequestBody::Empty => OutgoingBody::Buffered(Bytes::new()),
         RequestBody::Incoming(body) if route.route.reads_body => {
@@ -582,11 +576,7 @@ async fn read_body<'r>(
 }
 
 /// Reads the whole body, up to `max` bytes (413 beyond; 400 if the client breaks off).
-async fn buffer_body<'r>(
-    headers: &HeaderMap,
-    body: Incoming,
-    max: usize,
-) -> Result<Bytes, Reject<'r>> {
+async fn buffer_body(headers: &HeaderMap, body: Incoming, max: usize) -> Result<Bytes, Reject> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())

@@ -79,7 +79,12 @@ impl SetFields {
 
 /// Renders a request's rejection: the one place where the request path's early answers are
 /// built.
-pub fn rejection(reject: Reject<'_>, mode: HeaderMode, fields: &mut SetFields) -> Response<Body> {
+pub fn rejection(
+    reject: Reject,
+    mode: HeaderMode,
+    reports: &[LimitReport<'_>],
+    fields: &mut SetFields,
+) -> Response<Body> {
     match reject {
         Reject::ShuttingDown => shutting_down(),
         Reject::BadRequest(detail) => bad_request(&detail),
@@ -87,7 +92,7 @@ pub fn rejection(reject: Reject<'_>, mode: HeaderMode, fields: &mut SetFields) -
         Reject::PayloadTooLarge(limit) => payload_too_large(limit),
         Reject::HeaderFieldsTooLarge => header_fields_too_large(),
         Reject::NoRoute => not_found(),
-        Reject::Limited(reports) => too_many_requests(mode, &reports, fields),
+        Reject::Limited => too_many_requests(mode, reports, fields),
         Reject::StoreUnavailable => store_unavailable(1),
         Reject::Upstream(ForwardError::Timeout(_)) => gateway_timeout(),
         Reject::Upstream(ForwardError::Connect(_) | ForwardError::Exchange(_))

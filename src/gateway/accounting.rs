@@ -1,6 +1,7 @@
 //! What a store's decision means for a request, as a pure function: what each bucket is
 //! charged and how full it is left, which enforcing limits refused, whether a shadow limit
-//! would have, and what the client is told. The gateway then records it in the metrics.
+//! would have, and what the client is told. The gateway records each bucket's share in the
+//! metrics as it is told it.
 
 use smallvec::SmallVec;
 
@@ -8,14 +9,11 @@ use super::reject::Reports;
 use crate::limit::{BucketRequest, Decision};
 use crate::respond::LimitReport;
 
-/// A decision, accounted for.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Accounting<'a> {
+/// A decision, accounted for (each bucket's share went to the caller, what the client is told
+/// into the request's reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accounting {
     pub admitted: bool,
-    /// One entry per bucket the store observed.
-    pub buckets: SmallVec<[BucketAccount; 4]>,
-    /// The enforcing limits, as the client is told of them.
-    pub reports: Reports<'a>,
     /// The request was admitted although a shadow limit would have refused it.
     pub shadow_refused: bool,
 }
@@ -33,13 +31,18 @@ pub struct BucketAccount {
     pub refused: bool,
 }
 
-/// Accounts for `decision` on `buckets` (the verdicts are in the buckets' order).
-pub fn account<'a>(buckets: &[BucketRequest<'a>], decision: &Decision) -> Accounting<'a> {
+/// Accounts for `decision` on `buckets` (the verdicts are in the buckets' order): tells
+/// `share` each observed bucket's share, and puts what the client is told of each enforcing
+/// limit into `reports`.
+pub fn account<'a>(
+    buckets: &[BucketRequest<'a>],
+    decision: &Decision,
+    reports: &mut Reports<'a>,
+    mut share: impl FnMut(BucketAccount),
+) -> Accounting {
     let admitted = decision.is_admitted();
     let mut accounting = Accounting {
         admitted,
-        buckets: SmallVec::new(),
-        reports: SmallVec::new(),
         shadow_refused: false,
     };
     for (bucket, verdict) in buckets.iter().zip(decision.verdicts()) {
@@ -47,7 +50,7 @@ pub fn account<'a>(buckets: &[BucketRequest<'a>], decision: &Decision) -> Accoun
             continue;
         }
         let enforce = bucket.charge.enforce;
-        accounting.buckets.push(BucketAccount {
+        share(BucketAccount {
             route_limit: bucket.route_limit,
             fill_ratio: (verdict.tokens / verdict.capacity).clamp(0.0, 1.0),
             charged: if admitted && verdict.sufficient {
@@ -59,7 +62,7 @@ pub fn account<'a>(buckets: &[BucketRequest<'a>], decision: &Decision) -> Accoun
         });
         accounting.shadow_refused |= admitted && !enforce && !verdict.sufficient;
         if enforce {
-            accounting.reports.push(LimitReport {
+            reports.push(LimitReport {
                 name: bucket.key.limit,
                 capacity: verdict.capacity,
                 rate: verdict.rate,
@@ -74,23 +77,30 @@ pub fn account<'a>(buckets: &[BucketRequest<'a>], decision: &Decision) -> Accoun
     accounting
 }
 
-impl Accounting<'_> {
-    /// The names of the limits that refused, comma-separated (for logs).
-    pub fn refusing(&self) -> String {
-        let names: SmallVec<[&str; 4]> = self
-            .reports
-            .iter()
-            .filter(|report| report.refused)
-            .map(|report| report.name)
-            .collect();
-        names.join(",")
-    }
+/// The names of the limits that refused, comma-separated (for logs).
+pub fn refusing(reports: &[LimitReport<'_>]) -> String {
+    let names: SmallVec<[&str; 4]> = reports
+        .iter()
+        .filter(|report| report.refused)
+        .map(|report| report.name)
+        .collect();
+    names.join(",")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limit::{BucketKey, Charge, KeyParts, Verdict, Verdicts};
+
+    /// The accounting, each bucket's share and the reports.
+    fn accounted<'a>(
+        buckets: &[BucketRequest<'a>],
+        decision: &Decision,
+    ) -> (Accounting, Vec<BucketAccount>, Reports<'a>) {
+        let (mut shares, mut reports) = (Vec::new(), Reports::new());
+        let accounting = account(buckets, decision, &mut reports, |share| shares.push(share));
+        (accounting, shares, reports)
+    }
 
     fn bucket(
         limit: &'static str,
@@ -138,21 +148,20 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let accounting = account(&buckets, &Decision::Admit(verdicts));
+        let (accounting, shares, reports) = accounted(&buckets, &Decision::Admit(verdicts));
         assert!(accounting.admitted);
         assert!(!accounting.shadow_refused);
-        let charged: Vec<(usize, f64)> = accounting
-            .buckets
+        let charged: Vec<(usize, f64)> = shares
             .iter()
             .map(|bucket| (bucket.route_limit, bucket.charged))
             .collect();
         assert_eq!(charged, [(0, 2.0), (2, 1.0)]);
-        assert_eq!(accounting.buckets[0].fill_ratio, 0.8);
-        assert_eq!(accounting.buckets[1].fill_ratio, 0.4);
-        assert_eq!(accounting.reports.len(), 2);
-        assert!(accounting.reports.iter().all(|report| !report.refused));
-        assert_eq!(accounting.reports[0].tokens, 8.0);
-        assert_eq!(accounting.refusing(), "");
+        assert_eq!(shares[0].fill_ratio, 0.8);
+        assert_eq!(shares[1].fill_ratio, 0.4);
+        assert_eq!(reports.len(), 2);
+        assert!(reports.iter().all(|report| !report.refused));
+        assert_eq!(reports[0].tokens, 8.0);
+        assert_eq!(refusing(&reports), "");
     }
 
     #[test]
@@ -169,20 +178,14 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let accounting = account(&buckets, &Decision::Refuse(verdicts));
+        let (accounting, shares, reports) = accounted(&buckets, &Decision::Refuse(verdicts));
         assert!(!accounting.admitted);
-        assert!(accounting
-            .buckets
-            .iter()
-            .all(|bucket| bucket.charged == 0.0));
-        let refused: Vec<bool> = accounting
-            .buckets
-            .iter()
-            .map(|bucket| bucket.refused)
-            .collect();
+        assert!(!accounting.admitted);
+        assert!(shares.iter().all(|bucket| bucket.charged == 0.0));
+        let refused: Vec<bool> = shares.iter().map(|bucket| bucket.refused).collect();
         assert_eq!(refused, [true, false, true]);
-        assert_eq!(accounting.refusing(), "per_account,everyone");
-        assert!(accounting.reports[0].wait > 0.0);
+        assert_eq!(refusing(&reports), "per_account,everyone");
+        assert!(reports[0].wait > 0.0);
     }
 
     #[test]
@@ -197,20 +200,16 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let accounting = account(&buckets, &Decision::Admit(verdicts));
+        let (accounting, shares, reports) = accounted(&buckets, &Decision::Admit(verdicts));
         assert!(accounting.admitted);
         assert!(accounting.shadow_refused);
-        assert_eq!(
-            accounting.reports.len(),
-            1,
-            "shadow limits are not reported"
-        );
-        assert_eq!(accounting.reports[0].name, "enforced");
+        assert_eq!(reports.len(), 1, "shadow limits are not reported");
+        assert_eq!(reports[0].name, "enforced");
         assert!(
-            !accounting.buckets[1].refused,
+            !shares[1].refused,
             "a shadow limit never counts as refusing"
         );
-        assert_eq!(accounting.buckets[1].charged, 0.0);
+        assert_eq!(shares[1].charged, 0.0);
     }
 
     #[test]
@@ -222,9 +221,9 @@ mod tests {
         let verdicts: Verdicts = [Verdict::unobserved(), verdict(&buckets[1], 0.0, false)]
             .into_iter()
             .collect();
-        let accounting = account(&buckets, &Decision::Refuse(verdicts));
-        assert_eq!(accounting.buckets.len(), 1);
-        assert_eq!(accounting.buckets[0].route_limit, 1);
-        assert_eq!(accounting.refusing(), "per_user");
+        let (_, shares, reports) = accounted(&buckets, &Decision::Refuse(verdicts));
+        assert_eq!(shares.len(), 1);
+        assert_eq!(shares[0].route_limit, 1);
+        assert_eq!(refusing(&reports), "per_user");
     }
 }

@@ -53,11 +53,11 @@ impl FieldScan {
 }
 
 /// Request-level checks before routing; returns the request's host (Host or :authority).
-pub(super) fn check_request<'r, B>(
+pub(super) fn check_request<B>(
     request: &Request<B>,
     scan: &FieldScan,
     max_header_bytes: usize,
-) -> Result<Option<HeaderValue>, Reject<'r>> {
+) -> Result<Option<HeaderValue>, Reject> {
     if request.method() == Method::CONNECT {
         return Err(Reject::MethodNotAllowed);
     }

@@ -10,9 +10,10 @@ use crate::upstream::ForwardError;
 /// The reports of a request's enforcing limits, inline for the usual handful.
 pub type Reports<'a> = SmallVec<[LimitReport<'a>; 4]>;
 
-/// Why the gateway answers a request itself, and who caused it.
+/// Why the gateway answers a request itself. Small on purpose: every phase returns it in a
+/// `Result`, and what a 429 tells (its limits' reports) waits in the request's [`Reports`].
 #[derive(Debug, thiserror::Error)]
-pub enum Reject<'a> {
+pub enum Reject {
     /// The gateway is draining (503, connection closed). Caused by the operator.
     #[error("shutting down")]
     ShuttingDown,
@@ -31,9 +32,9 @@ pub enum Reject<'a> {
     /// No route matches (404). Caused by the client.
     #[error("no route")]
     NoRoute,
-    /// An enforcing limit refused (429), with what the client is told of each limit.
+    /// An enforcing limit refused (429); the request's reports say which and how long to wait.
     #[error("limited")]
-    Limited(Reports<'a>),
+    Limited,
     /// The store failed on a route with `on_store_failure = "deny"` (503). Caused by the store.
     #[error("store unavailable")]
     StoreUnavailable,
@@ -69,7 +70,7 @@ impl Cause {
     }
 }
 
-impl Reject<'_> {
+impl Reject {
     /// Who caused it; `None` for a refusal by a limit, which is a decision, not a fault.
     pub fn cause(&self) -> Option<Cause> {
         match self {
@@ -78,7 +79,7 @@ impl Reject<'_> {
             | Reject::PayloadTooLarge(_)
             | Reject::HeaderFieldsTooLarge
             | Reject::NoRoute => Some(Cause::Client),
-            Reject::Limited(_) => None,
+            Reject::Limited => None,
             Reject::StoreUnavailable => Some(Cause::Store),
             Reject::Upstream(_) | Reject::UpgradeFailed => Some(Cause::Upstream),
             Reject::ShuttingDown => Some(Cause::Gateway),
@@ -94,7 +95,7 @@ impl Reject<'_> {
             | Reject::PayloadTooLarge(_)
             | Reject::HeaderFieldsTooLarge => Some(Outcome::BadRequest),
             Reject::NoRoute => Some(Outcome::NoRoute),
-            Reject::Limited(_) => Some(Outcome::Limited),
+            Reject::Limited => Some(Outcome::Limited),
             Reject::StoreUnavailable => Some(Outcome::StoreUnavailable),
             Reject::ShuttingDown | Reject::Upstream(_) | Reject::UpgradeFailed => None,
         }
@@ -122,7 +123,7 @@ mod tests {
 
     #[test]
     fn a_refusal_is_nobodys_fault_and_failures_name_their_source() {
-        let limited = Reject::Limited(Reports::new());
+        let limited = Reject::Limited;
         assert_eq!(limited.outcome(), Some(Outcome::Limited));
         assert_eq!(limited.cause(), None);
         assert_eq!(

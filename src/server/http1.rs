@@ -78,10 +78,12 @@ where
         head_started = None;
         let head_only = request.method() == Method::HEAD;
         fields.clear();
-        let Some(response) = http1
-            .answer(gateway.handle(request, connection, &mut fields))
-            .await
-        else {
+        let response = {
+            // Pinned where it is made: the request's future is kilobytes, not to be moved.
+            let handling = std::pin::pin!(gateway.handle(request, connection, &mut fields));
+            http1.answer(handling).await
+        };
+        let Some(response) = response else {
             return Ending::Closed;
         };
         let close = !keep_alive || shutdown.has_changed().unwrap_or(true);
@@ -154,13 +156,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
     /// away (`None`: the request is dropped, as hyper does) and keeps pipelined requests.
     async fn answer(
         &mut self,
-        handling: impl Future<Output = Response<Body>>,
+        mut handling: Pin<&mut impl Future<Output = Response<Body>>>,
     ) -> Option<Response<Body>> {
-        let mut handling = std::pin::pin!(handling);
         loop {
             tokio::select! {
                 biased;
-                response = &mut handling => return Some(response),
+                response = handling.as_mut() => return Some(response),
                 read = self.io.read_buf(self.buffer), if self.buffer.len() < self.guards.max_head_bytes => match read {
                     Ok(0) | Err(_) => return None,
                     Ok(_) => {}

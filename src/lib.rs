@@ -12,6 +12,7 @@ mod body;
 pub mod client_ip;
 pub mod config;
 pub mod demo;
+mod errors;
 pub mod gateway;
 mod hex;
 mod in_flight;
@@ -32,28 +33,21 @@ pub mod wire;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{ConfigErrors, Policy};
+use crate::config::Policy;
 use crate::gateway::Gateway;
-use crate::key::KeyHasher;
-use crate::limit::{Clock, MemoryStore, RedisStore, Store, StoreError};
-use crate::metrics::Metrics;
-use crate::overload::LoadMonitor;
-use crate::request_id::RequestIds;
-use crate::runtime::Runtime;
+use crate::limit::{Clock, MemoryStore, RedisStore, Store};
 use crate::shared::Shared;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub use body::Body;
+pub use errors::{ReloadError, StartError};
 pub use request_id::RequestId;
 
 /// How to start a gateway besides its policy.
@@ -64,32 +58,6 @@ pub struct Options {
     pub clock: Option<Clock>,
     /// The policy file, for reloads on SIGHUP and when it changes.
     pub config_path: Option<PathBuf>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("TLS: {0}")]
-    Tls(String),
-    #[error("upstream client: {0}")]
-    Upstream(String),
-    #[error("cannot set up the store: {0}")]
-    Store(StoreError),
-    #[error("cannot listen on {address}: {source}")]
-    Listen {
-        address: SocketAddr,
-        source: std::io::Error,
-    },
-}
-
-/// Why a reload changed nothing.
-#[derive(Debug, thiserror::Error)]
-pub enum ReloadError {
-    #[error("{0}")]
-    Invalid(ConfigErrors),
-    #[error("TLS: {0}")]
-    Tls(String),
-    #[error("upstream client: {0}")]
-    Upstream(String),
 }
 
 /// A running gateway: its listeners, its admin listener and its shared state.
@@ -110,39 +78,7 @@ impl Tollgate {
     /// Binds every listener and starts serving `policy`.
     pub async fn start(policy: Policy, options: Options) -> Result<Tollgate, StartError> {
         let clock = options.clock.unwrap_or_else(Clock::monotonic);
-        let hasher = match &policy.store.hash_key {
-            Some(secret) => KeyHasher::from_secret(secret.as_bytes()),
-            None => KeyHasher::random(),
-        };
-        let metrics = Metrics::new();
-        let store = match &policy.store.redis {
-            Some(settings) => Store::Redis(Box::new(
-                RedisStore::new(settings, clock.clone())
-                    .map_err(StartError::Store)?
-                    .observing_batches(metrics.store_batches("redis")),
-            )),
-            None => Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone())),
-        };
-        let shared = Arc::new(Shared {
-            store_calls: metrics.store_call(store.backend()),
-            store,
-            local: MemoryStore::new(policy.store.max_keys, clock),
-            hasher,
-            runtime: ArcSwap::from_pointee(
-                Runtime::new(policy.clone(), &metrics).map_err(StartError::Upstream)?,
-            ),
-            metrics,
-            trust_warned: Default::default(),
-            shutting_down: AtomicBool::new(false),
-            load: LoadMonitor::default(),
-            tls: ArcSwapOption::from(
-                tls_acceptor(&policy)
-                    .map_err(StartError::Tls)?
-                    .map(Arc::new),
-            ),
-            tasks: TaskTracker::new(),
-            request_ids: RequestIds::new(),
-        });
+        let shared = Arc::new(Shared::new(&policy, clock)?);
         for warning in &policy.warnings {
             tracing::warn!("policy: {warning}");
         }
@@ -154,11 +90,7 @@ impl Tollgate {
             shared: shared.clone(),
         };
         for address in &policy.server.listen {
-            let listener = bind(*address).await?;
-            let bound = listener.local_addr().map_err(|source| StartError::Listen {
-                address: *address,
-                source,
-            })?;
+            let (listener, bound) = server::bind(*address).await?;
             addresses.push(bound);
             tracing::info!(address = %bound, "listening");
             listeners.spawn(server::serve(
@@ -168,13 +100,7 @@ impl Tollgate {
                 shutdown_signal.clone(),
             ));
         }
-        let admin_listener = bind(policy.admin.listen).await?;
-        let admin_address = admin_listener
-            .local_addr()
-            .map_err(|source| StartError::Listen {
-                address: policy.admin.listen,
-                source,
-            })?;
+        let (admin_listener, admin_address) = server::bind(policy.admin.listen).await?;
         tracing::info!(address = %admin_address, "admin listening (/metrics, /healthz, /readyz)");
         // The admin listener is not tracked: it keeps answering /readyz 503 while draining.
         tokio::spawn(admin::serve(admin_listener, shared.clone()));
@@ -197,7 +123,7 @@ impl Tollgate {
     /// keep their state; redefined limits start fresh. Listener, admin and store settings
     /// need a restart.
     pub fn reload(&self, policy: Policy) -> Result<(), ReloadError> {
-        let outcome = self.swap(policy);
+        let outcome = self.shared.swap_policy(policy);
         self.shared.metrics.config_reload(outcome.is_ok());
         match &outcome {
             Ok(()) => tracing::info!("configuration reloaded"),
@@ -206,29 +132,6 @@ impl Tollgate {
             ),
         }
         outcome
-    }
-
-    fn swap(&self, policy: Policy) -> Result<(), ReloadError> {
-        let tls = tls_acceptor(&policy).map_err(ReloadError::Tls)?;
-        let runtime = Runtime::new(policy, &self.shared.metrics).map_err(ReloadError::Upstream)?;
-        let current = self.shared.runtime.load();
-        let (old, new) = (&current.policy, &runtime.policy);
-        if old.server.listen != new.server.listen || old.admin != new.admin {
-            tracing::warn!("listen addresses changed: they take effect after a restart");
-        }
-        if old.store != new.store {
-            tracing::warn!("[store] changed: it takes effect after a restart");
-        }
-        match (&old.server.tls, tls) {
-            (Some(_), Some(acceptor)) => self.shared.tls.store(Some(Arc::new(acceptor))),
-            (None, None) => {}
-            _ => tracing::warn!("TLS turned on or off: it takes effect after a restart"),
-        }
-        for warning in &new.warnings {
-            tracing::warn!("policy: {warning}");
-        }
-        self.shared.runtime.store(Arc::new(runtime));
-        Ok(())
     }
 
     /// Re-reads the policy file; an invalid file changes nothing (logged and counted).
@@ -295,27 +198,4 @@ impl Tollgate {
         }
         drained
     }
-}
-
-/// The listeners' TLS acceptor, reading the certificate files now.
-fn tls_acceptor(policy: &Policy) -> Result<Option<TlsAcceptor>, String> {
-    policy
-        .server
-        .tls
-        .as_ref()
-        .map(|files| tls::server_config(files).map(TlsAcceptor::from))
-        .transpose()
-}
-
-async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
-    let socket = match address {
-        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-    }
-    .map_err(|source| StartError::Listen { address, source })?;
-    socket
-        .set_reuseaddr(true)
-        .and_then(|()| socket.bind(address))
-        .and_then(|()| socket.listen(1024))
-        .map_err(|source| StartError::Listen { address, source })
 }

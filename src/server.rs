@@ -4,6 +4,7 @@
 //! drain on shutdown. Plain bodyless HTTP/1.1 requests take the server's own path
 //! (`server/http1.rs`) unless `[server] http1 = "hyper"`; hyper serves everything else.
 
+use std::net::SocketAddr;
 use std::pin::pin;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,11 +26,30 @@ use crate::config::{Http1Path, ServerSettings};
 use crate::gateway::{Connection, Gateway, RequestBody};
 use crate::limit::clock;
 use crate::respond::SetFields;
+use crate::StartError;
 
 mod http1;
 
 /// hyper's smallest read buffer.
 const MIN_BUFFER: usize = 8192;
+
+/// A listening socket on `address` (address reuse, backlog 1024), and the address it got
+/// (an ephemeral port resolved).
+pub(crate) async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listen_error = |source| StartError::Listen { address, source };
+    let socket = match address {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .map_err(listen_error)?;
+    let listener = socket
+        .set_reuseaddr(true)
+        .and_then(|()| socket.bind(address))
+        .and_then(|()| socket.listen(1024))
+        .map_err(listen_error)?;
+    let bound = listener.local_addr().map_err(listen_error)?;
+    Ok((listener, bound))
+}
 
 /// Accepts connections until shutdown; each connection is a task of the gateway's tracker.
 pub(crate) async fn serve(

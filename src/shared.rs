@@ -2,18 +2,21 @@
 //! [`Runtime`], the stores, the metrics, and the one-time warnings.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
 use crate::client_ip::TrustWarning;
+use crate::config::Policy;
 use crate::key::KeyHasher;
-use crate::limit::{MemoryStore, Store};
+use crate::limit::{Clock, MemoryStore, RedisStore, Store};
 use crate::metrics::{Metrics, StoreCallMetrics};
 use crate::overload::LoadMonitor;
 use crate::request_id::RequestIds;
 use crate::runtime::Runtime;
+use crate::{ReloadError, StartError};
 
 /// How many short chains are counted between checks of whether they are routine.
 const SHORT_CHAIN_SAMPLE: u64 = 50;
@@ -56,6 +59,65 @@ impl TrustWarned {
 }
 
 impl Shared {
+    /// The state of a gateway starting with `policy`: its store (memory, or Redis prepared
+    /// without connecting), metrics, runtime and TLS acceptor.
+    pub(crate) fn new(policy: &Policy, clock: Clock) -> Result<Shared, StartError> {
+        let hasher = match &policy.store.hash_key {
+            Some(secret) => KeyHasher::from_secret(secret.as_bytes()),
+            None => KeyHasher::random(),
+        };
+        let metrics = Metrics::new();
+        let store = match &policy.store.redis {
+            Some(settings) => Store::Redis(Box::new(
+                RedisStore::new(settings, clock.clone())
+                    .map_err(StartError::Store)?
+                    .observing_batches(metrics.store_batches("redis")),
+            )),
+            None => Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone())),
+        };
+        let runtime = Runtime::new(policy.clone(), &metrics).map_err(StartError::Upstream)?;
+        let tls = crate::tls::acceptor(policy).map_err(StartError::Tls)?;
+        Ok(Shared {
+            store_calls: metrics.store_call(store.backend()),
+            store,
+            local: MemoryStore::new(policy.store.max_keys, clock),
+            hasher,
+            runtime: ArcSwap::from_pointee(runtime),
+            metrics,
+            trust_warned: TrustWarned::default(),
+            shutting_down: AtomicBool::new(false),
+            load: LoadMonitor::default(),
+            tls: ArcSwapOption::from(tls.map(Arc::new)),
+            tasks: TaskTracker::new(),
+            request_ids: RequestIds::new(),
+        })
+    }
+
+    /// Puts a new runtime, compiled from `policy`, in place for new requests (those in flight
+    /// keep theirs). What only a restart changes is logged, not applied.
+    pub(crate) fn swap_policy(&self, policy: Policy) -> Result<(), ReloadError> {
+        let tls = crate::tls::acceptor(&policy).map_err(ReloadError::Tls)?;
+        let runtime = Runtime::new(policy, &self.metrics).map_err(ReloadError::Upstream)?;
+        let current = self.runtime.load();
+        let (old, new) = (&current.policy, &runtime.policy);
+        if old.server.listen != new.server.listen || old.admin != new.admin {
+            tracing::warn!("listen addresses changed: they take effect after a restart");
+        }
+        if old.store != new.store {
+            tracing::warn!("[store] changed: it takes effect after a restart");
+        }
+        match (&old.server.tls, tls) {
+            (Some(_), Some(acceptor)) => self.tls.store(Some(Arc::new(acceptor))),
+            (None, None) => {}
+            _ => tracing::warn!("TLS turned on or off: it takes effect after a restart"),
+        }
+        for warning in &new.warnings {
+            tracing::warn!("policy: {warning}");
+        }
+        self.runtime.store(Arc::new(runtime));
+        Ok(())
+    }
+
     /// Counts a trust warning, and logs it once per cause. A chain shorter than
     /// `trusted_hops` is logged only once it is routine (at least a tenth of the requests, seen
     /// 50 times): a load balancer's own health checks carry no forwarding header.

@@ -80,3 +80,15 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<ClientConfig, String> {
         .with_no_client_auth();
     Ok(config)
 }
+
+/// The listeners' TLS acceptor, reading the certificate files now; `None` without `tls`.
+pub(crate) fn acceptor(
+    policy: &crate::config::Policy,
+) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+    policy
+        .server
+        .tls
+        .as_ref()
+        .map(|files| server_config(files).map(tokio_rustls::TlsAcceptor::from))
+        .transpose()
+}

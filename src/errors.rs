@@ -1,0 +1,32 @@
+//! Why a gateway did not start, and why a reload changed nothing.
+
+use std::net::SocketAddr;
+
+use crate::config::ConfigErrors;
+use crate::limit::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("upstream client: {0}")]
+    Upstream(String),
+    #[error("cannot set up the store: {0}")]
+    Store(StoreError),
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{0}")]
+    Invalid(ConfigErrors),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("upstream client: {0}")]
+    Upstream(String),
+}

@@ -30,8 +30,12 @@ impl fmt::Display for Rate {
     }
 }
 
+/// The largest token count the bucket math holds exactly: every integer up to 2^53 is an f64.
+pub const MAX_EXACT_TOKENS: f64 = 9_007_199_254_740_992.0;
+
 /// Parses `"<tokens>/<period>"`, where the period is a unit (`s`, `min`, `h`, `d`, `ms`)
-/// or a duration (`30s`, `2m`). Zero, negative and non-finite rates are refused.
+/// or a duration (`30s`, `2m`). Zero, negative and non-finite rates are refused, and so are
+/// token counts over 2^53 and periods under a millisecond (no clock here is that fine).
 pub fn parse_rate(text: &str) -> Result<Rate, String> {
     let expected =
         "expected \"<tokens>/<period>\" such as \"5/s\", \"100/min\", \"1/30s\" or \"0.5/s\"";
@@ -46,6 +50,11 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
             "invalid rate {text:?}: the token count must be greater than zero"
         ));
     }
+    if tokens > MAX_EXACT_TOKENS {
+        return Err(format!(
+            "invalid rate {text:?}: the token count is at most 2^53 (9007199254740992)"
+        ));
+    }
     let period_text = period.trim();
     let period = match unit_duration(period_text) {
         Some(unit) => unit,
@@ -55,6 +64,11 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
     if period.is_zero() {
         return Err(format!(
             "invalid rate {text:?}: the period must be longer than zero"
+        ));
+    }
+    if period < Duration::from_millis(1) {
+        return Err(format!(
+            "invalid rate {text:?}: the period is at least 1ms (write \"1000/s\" rather than \"1/1ms\")"
         ));
     }
     Ok(Rate { tokens, period })

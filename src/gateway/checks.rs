@@ -71,6 +71,16 @@ pub(super) fn check_request<B>(
     if header_bytes > max_header_bytes {
         return Err(Reject::HeaderFieldsTooLarge);
     }
+    // Raw bytes beyond ASCII are not a URI (RFC 3986): what an upstream makes of them is
+    // anyone's guess, so they never reach it.
+    if uri
+        .path_and_query()
+        .is_some_and(|target| !target.as_str().is_ascii())
+    {
+        return Err(Reject::BadRequest(
+            "the request target has bytes that are not ASCII".to_owned(),
+        ));
+    }
     if scan.transfer_encoding && scan.content_length {
         return Err(Reject::BadRequest(
             "both Content-Length and Transfer-Encoding are present".to_owned(),
@@ -96,6 +106,10 @@ fn request_host(
     version: Version,
 ) -> Result<Option<HeaderValue>, &'static str> {
     if let Some(authority) = uri.authority() {
+        // The same rule as a Host field: no userinfo, a port that is a port.
+        if !is_valid_host(authority.as_str().as_bytes()) {
+            return Err("invalid authority");
+        }
         return HeaderValue::from_str(authority.as_str())
             .map(Some)
             .map_err(|_| "invalid authority");
@@ -214,6 +228,40 @@ mod tests {
             prop_assert_eq!(
                 scan.forwarded_for(&headers).count(),
                 headers.get_all(X_FORWARDED_FOR).iter().count()
+            );
+        }
+    }
+
+    fn checked(request: &str) -> Result<Option<HeaderValue>, Reject> {
+        let (head, _) = request.split_once("\r\n").unwrap();
+        let mut parts = head.split(' ');
+        let (method, target) = (parts.next().unwrap(), parts.next().unwrap());
+        let request = Request::builder()
+            .method(method)
+            .uri(target)
+            .header("host", "app")
+            .body(())
+            .unwrap();
+        check_request(&request, &FieldScan::of(request.headers()), 16384)
+    }
+
+    #[test]
+    fn an_absolute_form_target_names_its_host_as_a_host_field_would() {
+        assert_eq!(
+            checked("GET http://shop.example.com:8080/a HTTP/1.1\r\n").unwrap(),
+            Some(HeaderValue::from_static("shop.example.com:8080"))
+        );
+        for target in [
+            "http://user:pw@shop.example.com/",
+            "http://user@shop.example.com/",
+            "http://shop.example.com:99999/",
+        ] {
+            assert!(
+                matches!(
+                    checked(&format!("GET {target} HTTP/1.1\r\n")),
+                    Err(Reject::BadRequest(_))
+                ),
+                "{target}"
             );
         }
     }

@@ -25,6 +25,15 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     HeaderName::from_static("http2-settings"),
 ];
 
+/// The framing fields spelled with `_` for `-`.
+const UNDERSCORED_FRAMING: [&str; 2] = ["transfer_encoding", "content_length"];
+
+fn is_framing_in_disguise(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    // Lengths first: most names are neither 14 nor 17 bytes long.
+    matches!(name.len(), 14 | 17) && UNDERSCORED_FRAMING.contains(&name)
+}
+
 /// Whether a response with this status never has a body, whatever its fields say (1xx, 204,
 /// 304; RFC 9112 §6.3). A response to HEAD has none either.
 pub(crate) fn is_bodyless(status: StatusCode) -> bool {
@@ -119,13 +128,19 @@ pub(crate) fn header_tokens(headers: &HeaderMap, name: HeaderName) -> impl Itera
 /// next hop. A message that came with `Transfer-Encoding` also loses its `Content-Length`
 /// (RFC 9112 §6.3): its body was framed by the coding and goes on framed anew, and a length
 /// left beside it would let the next hop read a different message boundary.
+///
+/// `Transfer_Encoding` and `Content_Length` go too: some servers read `_` as `-`, and would
+/// frame the message by a field the gateway never saw as framing.
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // Most messages carry none: one pass over the names instead of a lookup per name.
-    let any = headers
-        .keys()
-        .any(|name| *name == header::UPGRADE || HOP_BY_HOP.contains(name));
+    let any = headers.keys().any(|name| {
+        *name == header::UPGRADE || HOP_BY_HOP.contains(name) || is_framing_in_disguise(name)
+    });
     if !any && !keep_upgrade {
         return;
+    }
+    for disguised in UNDERSCORED_FRAMING {
+        headers.remove(disguised);
     }
     let named: Vec<HeaderName> = header_tokens(headers, header::CONNECTION)
         .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
@@ -214,6 +229,18 @@ mod tests {
         assert!(expected.accepted_by(&fields(&[("upgrade", "bar")])));
         assert!(!expected.accepted_by(&fields(&[("upgrade", "baz")])));
         assert!(!expected.accepted_by(&fields(&[("upgrade", "bar, foo/2")])));
+    }
+
+    #[test]
+    fn framing_fields_spelled_with_underscores_are_dropped() {
+        let mut headers = fields(&[
+            ("transfer_encoding", "chunked"),
+            ("content_length", "5"),
+            ("x_user_id", "kept"),
+        ]);
+        remove_hop_by_hop(&mut headers, false);
+        let names: Vec<&str> = headers.keys().map(|name| name.as_str()).collect();
+        assert_eq!(names, ["x_user_id"]);
     }
 
     #[test]

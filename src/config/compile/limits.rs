@@ -10,8 +10,13 @@ use toml::Spanned;
 use super::server::{networks, prefix_length};
 use super::Errors;
 use crate::config::raw::{self, RawKey};
+use crate::config::units::MAX_EXACT_TOKENS;
 use crate::config::{Adaptive, ClientIpSettings, KeySource, Limit, Overload};
 use crate::limit::AdaptiveParams;
+
+/// The longest an empty bucket may take to fill (so that every announced wait is a number a
+/// client can use): 10 years.
+const MAX_REFILL_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
 
 pub(super) fn compile_limit(
     name: String,
@@ -39,6 +44,13 @@ pub(super) fn compile_limit(
         .unwrap_or_default();
     if !(capacity.is_finite() && capacity > 0.0) {
         errors.at(Some(raw.capacity.span()), format!("{key}.capacity"), format!("{capacity} is out of range: a capacity (burst, in tokens) must be greater than zero"));
+    } else if capacity > MAX_EXACT_TOKENS {
+        errors.at(Some(raw.capacity.span()), format!("{key}.capacity"), format!("{capacity} is out of range: a capacity is at most 2^53 (9007199254740992), what the bucket math holds exactly"));
+    } else {
+        let refill = capacity / raw.rate.get_ref().0.per_second();
+        if refill > MAX_REFILL_SECONDS {
+            errors.at(Some(raw.rate.span()), format!("{key}.rate"), format!("an empty bucket would take {} to fill at this rate: at most 10 years; raise the rate or lower the capacity", humantime::format_duration(std::time::Duration::from_secs_f64(refill.min(1e15).round()))));
+        }
     }
     let sources = match raw.key.get_ref() {
         RawKey::One(source) => vec![source.clone()],
@@ -357,6 +369,22 @@ mod tests {
         let keys: Vec<&str> = adaptive.iter().map(|(key, _)| key.as_str()).collect();
         assert!(keys.contains(&"limits.a.adaptive.threshold"), "{keys:?}");
         assert!(keys.contains(&"limits.a.adaptive.factor"), "{keys:?}");
+    }
+
+    #[test]
+    fn numbers_beyond_what_the_bucket_math_holds_are_refused() {
+        let limit = |capacity: &str, rate: &str| {
+            format!("[limits.a]\nkey = \"global\"\ncapacity = {capacity}\nrate = \"{rate}\"\n")
+        };
+        assert_eq!(error(&limit("1e308", "1/s")).0, "limits.a.capacity");
+        assert_eq!(error(&limit("1e16", "1e15/s")).0, "limits.a.capacity");
+        assert_eq!(error(&limit("5", "1e-300/s")).0, "limits.a.rate");
+        assert_eq!(error(&limit("5", "1/1ns")).0, "limits.a.rate");
+        assert_eq!(error(&limit("5", "1e300/s")).0, "limits.a.rate");
+        // The largest exact numbers, and the benchmark's never-refusing limit, still compile.
+        policy(&limit("9007199254740992", "9007199254740992/s"));
+        policy(&limit("1000000000000", "1000000000/s"));
+        policy(&limit("10", "1/d"));
     }
 
     #[test]

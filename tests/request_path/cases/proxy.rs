@@ -608,3 +608,52 @@ async fn upstream_requests_whose_bodies_are_still_coming_count_as_load() {
     let _streams = held_bodies(&gateway, 3).await;
     until_metric(&gateway, "tollgate_load_factor", |factor| factor < 1.0).await;
 }
+
+#[tokio::test]
+async fn targets_an_upstream_could_read_otherwise_are_400_and_never_forwarded() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
+    let requests: [&[u8]; 4] = [
+        b"GET /caf\xc3\xa9 HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"GET /\xff HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"GET http://user:pw@shop.example.com/ HTTP/1.1\r\nHost: shop.example.com\r\n\r\n",
+        b"GET http://shop.example.com:99999/ HTTP/1.1\r\nHost: shop.example.com\r\n\r\n",
+    ];
+    for request in requests {
+        let (response, _stream) = raw_head(gateway.addresses[0], request).await;
+        assert_eq!(
+            raw_status(&response),
+            400,
+            "{}: {response}",
+            String::from_utf8_lossy(request)
+        );
+    }
+    assert_eq!(
+        upstream.hits.load(Ordering::SeqCst),
+        0,
+        "nothing was forwarded"
+    );
+}
+
+#[tokio::test]
+async fn framing_fields_spelled_with_underscores_never_reach_the_upstream() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let reply = client
+        .get(
+            "/",
+            &[
+                ("transfer_encoding", "chunked"),
+                ("content_length", "5"),
+                ("x_user", "kept"),
+            ],
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    let seen = reply.json();
+    let headers = seen["headers"].as_object().unwrap();
+    assert!(!headers.contains_key("transfer_encoding"), "{headers:?}");
+    assert!(!headers.contains_key("content_length"), "{headers:?}");
+    assert_eq!(headers["x_user"], "kept");
+}

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use crate::limit::Store;
 use crate::shared::Shared;
 use crate::Tollgate;
 
@@ -38,6 +39,23 @@ pub(crate) fn spawn_sweeper(shared: Weak<Shared>) {
             };
             shared.store.sweep();
             shared.local.sweep();
+        }
+    });
+}
+
+/// While the Redis store's circuit is open, checks every 250 ms whether Redis answers again.
+pub(crate) fn spawn_store_probe(shared: Weak<Shared>) {
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_millis(250));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                break;
+            };
+            if let Store::Redis(store) = &shared.store {
+                store.probe_if_open().await;
+            }
         }
     });
 }

@@ -107,6 +107,7 @@ impl Tollgate {
 
         background::spawn_load_ticker(Arc::downgrade(&shared));
         background::spawn_sweeper(Arc::downgrade(&shared));
+        background::spawn_store_probe(Arc::downgrade(&shared));
 
         Ok(Tollgate {
             addresses,

@@ -463,6 +463,7 @@ async fn redis_down_follows_each_routes_failure_policy_and_recovers() {
         assert!(Instant::now() < deadline, "shared decisions did not resume");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
     assert_eq!(admin.get("/readyz", &[]).await.status, 200);
     assert_eq!(
         client.get("/local", &[]).await.status,
@@ -607,6 +608,47 @@ async fn a_probe_whose_client_goes_away_does_not_leave_the_circuit_open() {
     );
     assert_eq!(store.circuit_state(), CircuitState::Closed);
     assert_eq!(client.get("/deny", &[]).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_go_back_to_redis_as_it_answers_not_after_the_backoff() {
+    use tollgate::limit::breaker::CircuitState;
+    use tollgate::limit::Clock;
+
+    let mut redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    // The breaker reads this clock: its backoff only passes when the test says so.
+    let clock = Clock::manual();
+    let gateway = start_gateway_with_clock(
+        &FAULTS.replace("REDIS", &redis.url()),
+        upstream.address,
+        Some(clock.clone()),
+    )
+    .await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    assert_eq!(client.get("/deny", &[]).await.status, 200);
+
+    // Down for long enough that failed probes stretch the backoff to its longest (5 s).
+    redis.stop();
+    for _ in 0..8 {
+        assert_eq!(client.get("/deny", &[]).await.status, 503);
+        clock.advance(Duration::from_secs(6));
+    }
+    assert_eq!(client.get("/deny", &[]).await.status, 503);
+    let store = gateway.redis_store().unwrap();
+    assert_ne!(store.circuit_state(), CircuitState::Closed);
+
+    // Back: its backoff never ends on this clock, yet decisions go to Redis once it answers.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.get("/deny", &[]).await.status != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "decisions waited for the backoff instead of Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.circuit_state(), CircuitState::Closed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -148,6 +148,12 @@ impl Breaker {
         }
     }
 
+    /// Closes the circuit: the store answered a check made outside any request (see
+    /// `RedisStore::probe_if_open`).
+    pub fn close(&self) {
+        self.success();
+    }
+
     pub fn state(&self) -> CircuitState {
         match *self.state.lock() {
             State::Closed { .. } => CircuitState::Closed,
@@ -228,6 +234,23 @@ mod tests {
         assert!(breaker.permit().is_none(), "still one probe at a time");
         probe.success();
         assert_eq!(breaker.state(), CircuitState::Closed);
+    }
+
+    #[test]
+    fn a_store_that_answers_a_check_closes_the_circuit_before_its_backoff_ends() {
+        let clock = Clock::manual();
+        let breaker = Breaker::new(clock.clone());
+        for _ in 0..3 {
+            fail(&breaker);
+        }
+        for _ in 0..4 {
+            clock.advance(MAX_BACKOFF);
+            fail(&breaker);
+        }
+        assert!(breaker.permit().is_none(), "in a long backoff");
+        breaker.close();
+        assert_eq!(breaker.state(), CircuitState::Closed);
+        assert!(breaker.permit().is_some());
     }
 
     #[test]

@@ -381,6 +381,16 @@ impl RedisStore {
         result.map_err(|error| StoreError::Redis(error.to_string()))
     }
 
+    /// While the circuit is open, asks Redis for a PING (which also reconnects a broken
+    /// connection) and closes the circuit when it answers: decisions go back to Redis as soon
+    /// as it is back, not when a request's probe next comes up after a backoff of seconds.
+    pub async fn probe_if_open(&self) {
+        if self.breaker.state() != CircuitState::Closed && self.ping().await {
+            tracing::info!("store answers a PING again");
+            self.breaker.close();
+        }
+    }
+
     /// Whether Redis answers a PING within the timeout (`/readyz`).
     pub async fn ping(&self) -> bool {
         let ping = async {

@@ -41,7 +41,7 @@ use crate::metrics::{Outcome, StatusClass};
 use crate::respond::{self, FieldValue, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
 use crate::shared::Shared;
-use crate::upstream::{self, OutgoingBody};
+use crate::upstream::{self, ForwardError, OutgoingBody};
 use crate::wire::header_maps;
 use crate::wire::message::{self, UpgradeExpected};
 use crate::{client_ip, path, route, Body};
@@ -411,8 +411,12 @@ impl Gateway {
         let elapsed = clock::elapsed(sent);
         exchange.upstream = Some(elapsed);
         let mut response = result.map_err(|error| {
-            route.metrics.upstream_status(StatusClass::Error).inc();
-            tracing::warn!(route = %route.route.name, upstream = %route.upstream.settings.name, %error, "upstream failed");
+            if matches!(error, ForwardError::ClientBody) {
+                tracing::debug!(route = %route.route.name, %error, "client body failed");
+            } else {
+                route.metrics.upstream_status(StatusClass::Error).inc();
+                tracing::warn!(route = %route.route.name, upstream = %route.upstream.settings.name, %error, "upstream failed");
+            }
             Reject::Upstream(error)
         })?;
         route

@@ -95,6 +95,9 @@ pub fn rejection(
         Reject::Limited => too_many_requests(mode, reports, fields),
         Reject::StoreUnavailable => store_unavailable(1),
         Reject::Upstream(ForwardError::Timeout(_)) => gateway_timeout(),
+        Reject::Upstream(ForwardError::ClientBody) => {
+            bad_request("the request body could not be read")
+        }
         Reject::Upstream(ForwardError::Connect(_) | ForwardError::Exchange(_))
         | Reject::UpgradeFailed => bad_gateway(),
     }

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -42,6 +42,10 @@ pub enum ForwardError {
     Timeout(Duration),
     #[error("upstream exchange failed: {0}")]
     Exchange(String),
+    /// The client's body, streamed upstream, broke off or was malformed (bad chunking): the
+    /// client's doing, not the upstream's.
+    #[error("the request body could not be read")]
+    ClientBody,
 }
 
 /// A request body on its way upstream: streamed as it arrives, or already in memory (then it
@@ -70,6 +74,50 @@ enum Outgoing<'a> {
         body: Option<OutgoingBody>,
         query: Option<String>,
     },
+}
+
+/// A client's body on its way upstream, which says whether it failed: a malformed or broken
+/// body ends the exchange with an error that hyper's client reports as its own.
+struct WatchedBody {
+    inner: Incoming,
+    broken: Arc<AtomicBool>,
+}
+
+impl WatchedBody {
+    fn new(inner: Incoming) -> (WatchedBody, Arc<AtomicBool>) {
+        let broken = Arc::new(AtomicBool::new(false));
+        (
+            WatchedBody {
+                inner,
+                broken: broken.clone(),
+            },
+            broken,
+        )
+    }
+}
+
+impl http_body::Body for WatchedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Err(_))) = &polled {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Which of an upstream's targets an attempt goes to, and the path it asks for there.
@@ -299,13 +347,18 @@ impl UpstreamPool {
         query: &Option<String>,
         more: bool,
     ) -> Result<Response<Body>, PoolError> {
+        let mut client_body_broken = None;
         let (outgoing_body, kept) = match body.take() {
             Some(OutgoingBody::Buffered(bytes)) if more => (
                 Body::full(bytes.clone()),
                 Some(OutgoingBody::Buffered(bytes)),
             ),
             Some(OutgoingBody::Buffered(bytes)) => (Body::full(bytes), None),
-            Some(OutgoingBody::Streamed(incoming)) => (Body::boxed(incoming), None),
+            Some(OutgoingBody::Streamed(incoming)) => {
+                let (watched, broken) = WatchedBody::new(incoming);
+                client_body_broken = Some(broken);
+                (Body::boxed(watched), None)
+            }
             None => return Err(PoolError::Exchange("the request body is gone".to_owned())),
         };
         let mut parts = match kept {
@@ -321,10 +374,16 @@ impl UpstreamPool {
                 parts.headers.insert(header::HOST, authority.clone());
             }
         }
-        let response = self.pools[index]
+        let sent = self.pools[index]
             .send(Request::from_parts(parts, outgoing_body))
-            .await?;
-        Ok(response.map(Body::boxed))
+            .await;
+        match sent {
+            Ok(response) => Ok(response.map(Body::boxed)),
+            Err(_) if client_body_broken.is_some_and(|broken| broken.load(Ordering::Relaxed)) => {
+                Err(PoolError::ClientBody)
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// A target that refused the connection is passed over for a while and the next one is
@@ -346,6 +405,7 @@ impl UpstreamPool {
                 Ok(ForwardError::Connect(error))
             }
             PoolError::Exchange(error) => Err(ForwardError::Exchange(error)),
+            PoolError::ClientBody => Err(ForwardError::ClientBody),
             PoolError::Timeout => Err(ForwardError::Timeout(self.settings.timeout)),
         }
     }

@@ -81,6 +81,7 @@ impl Reject {
             | Reject::NoRoute => Some(Cause::Client),
             Reject::Limited => None,
             Reject::StoreUnavailable => Some(Cause::Store),
+            Reject::Upstream(ForwardError::ClientBody) => Some(Cause::Client),
             Reject::Upstream(_) | Reject::UpgradeFailed => Some(Cause::Upstream),
             Reject::ShuttingDown => Some(Cause::Gateway),
         }
@@ -97,6 +98,7 @@ impl Reject {
             Reject::NoRoute => Some(Outcome::NoRoute),
             Reject::Limited => Some(Outcome::Limited),
             Reject::StoreUnavailable => Some(Outcome::StoreUnavailable),
+            Reject::Upstream(ForwardError::ClientBody) => Some(Outcome::BadRequest),
             Reject::ShuttingDown | Reject::Upstream(_) | Reject::UpgradeFailed => None,
         }
     }

@@ -31,6 +31,8 @@ pub(crate) enum PoolError {
     Exchange(String),
     /// The deadline passed before the response head.
     Timeout,
+    /// The client's streamed body failed (see `ForwardError::ClientBody`).
+    ClientBody,
 }
 
 impl From<http1::Failure> for PoolError {

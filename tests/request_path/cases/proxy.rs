@@ -657,3 +657,24 @@ async fn framing_fields_spelled_with_underscores_never_reach_the_upstream() {
     assert!(!headers.contains_key("content_length"), "{headers:?}");
     assert_eq!(headers["x_user"], "kept");
 }
+
+#[tokio::test]
+async fn a_malformed_chunked_body_streamed_upstream_is_the_client_s_400() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
+    let (head, _stream) = raw_head(
+        gateway.addresses[0],
+        b"POST /echo-body HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nbroken\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(raw_status(&head), 400, "{head}");
+    let scrape = gateway.render_metrics();
+    assert_eq!(
+        metric(
+            &scrape,
+            r#"tollgate_upstream_responses_total{route="default",status="error"}"#
+        ),
+        0.0,
+        "not counted as the upstream's failure"
+    );
+}

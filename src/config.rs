@@ -16,7 +16,8 @@ use http::{Method, Uri};
 use ipnet::IpNet;
 
 pub use raw::{
-    Backend, HeaderMode, Http1Path, KeySource, Missing, Mode, Normalize, StoreFailurePolicy,
+    Backend, HeaderMode, Http1Path, KeySource, Missing, Mode, Normalize, PathMatching,
+    StoreFailurePolicy,
 };
 pub use units::Rate;
 
@@ -51,6 +52,7 @@ pub struct ServerSettings {
     pub grace_period: Duration,
     pub ratelimit_headers: HeaderMode,
     pub http1: Http1Path,
+    pub path_matching: PathMatching,
 }
 
 /// PEM files of the listener's certificate chain and private key.
@@ -186,6 +188,9 @@ pub struct Route {
     /// `None`: any method.
     pub methods: Option<Vec<Method>>,
     pub path: PathMatch,
+    /// What requests' match paths are compared with: `path`, in canonical form unless
+    /// `[server] path_matching = "strict"`.
+    pub match_path: PathMatch,
     pub upstream: Arc<Upstream>,
     pub limits: Vec<RouteLimit>,
     pub on_store_failure: StoreFailurePolicy,

@@ -33,7 +33,7 @@ use self::access_log::Exchange;
 use self::accounting::BucketAccount;
 use self::checks::FieldScan;
 pub use self::reject::{Cause, Reject, Reports};
-use crate::config::{HeaderMode, Mode, StoreFailurePolicy};
+use crate::config::{HeaderMode, Mode, PathMatching, StoreFailurePolicy};
 use crate::in_flight::RequestInFlight;
 use crate::key::{self, RequestFacts};
 use crate::limit::{clock, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
@@ -194,11 +194,15 @@ impl Gateway {
             .matches_hosts
             .then(|| host.as_ref().map(checks::host_without_port))
             .flatten();
+        let match_path = match runtime.policy.server.path_matching {
+            PathMatching::Canonical => path::canonical(&exchange.path),
+            PathMatching::Strict => std::borrow::Cow::Borrowed(exchange.path.as_str()),
+        };
         let route = route::find(
             &runtime.routes,
             host_name.as_deref(),
             request.method(),
-            &exchange.path,
+            &match_path,
         )
         .ok_or(Reject::NoRoute)?;
         if access_log::enabled() {

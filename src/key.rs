@@ -64,7 +64,7 @@ pub struct RequestFacts<'a> {
     pub query: Option<&'a str>,
     /// The buffered body, for routes whose limits read it.
     pub body: Option<&'a [u8]>,
-    json: OnceCell<Option<serde_json::Value>>,
+    json: OnceCell<JsonBody>,
     form: OnceCell<Vec<(String, String)>>,
 }
 
@@ -85,10 +85,15 @@ impl<'a> RequestFacts<'a> {
         }
     }
 
-    fn json(&self) -> Option<&serde_json::Value> {
-        self.json
-            .get_or_init(|| self.body.and_then(|body| serde_json::from_slice(body).ok()))
-            .as_ref()
+    fn json(&self) -> &JsonBody {
+        self.json.get_or_init(|| match self.body {
+            None => JsonBody::Unreadable,
+            Some(body) => match serde_json::from_slice::<UnambiguousJson>(body) {
+                Ok(UnambiguousJson(value)) => JsonBody::Parsed(value),
+                Err(error) if error.to_string().starts_with(AMBIGUOUS_KEY) => JsonBody::Ambiguous,
+                Err(_) => JsonBody::Unreadable,
+            },
+        })
     }
 
     fn form(&self) -> &[(String, String)] {
@@ -100,6 +105,92 @@ impl<'a> RequestFacts<'a> {
     }
 }
 
+/// A request body read as JSON.
+enum JsonBody {
+    Parsed(serde_json::Value),
+    /// Not JSON (or no body): the field is missing.
+    Unreadable,
+    /// An object names a key twice, in the same case or another: a parser that keeps the
+    /// first, or one that binds keys ignoring case (Go, ASP.NET), would read another value
+    /// than the limit did.
+    Ambiguous,
+}
+
+const AMBIGUOUS_KEY: &str = "ambiguous key";
+
+/// A JSON value whose objects name each key once, ignoring ASCII case.
+struct UnambiguousJson(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for UnambiguousJson {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UnambiguousVisitor)
+    }
+}
+
+struct UnambiguousVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UnambiguousVisitor {
+    type Value = UnambiguousJson;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<UnambiguousJson, E> {
+        Ok(UnambiguousJson(value.into()))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<UnambiguousJson, E> {
+        Ok(UnambiguousJson(value.into()))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<UnambiguousJson, E> {
+        Ok(UnambiguousJson(value.into()))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<UnambiguousJson, E> {
+        Ok(UnambiguousJson(value.into()))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<UnambiguousJson, E> {
+        Ok(UnambiguousJson(value.into()))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<UnambiguousJson, E> {
+        Ok(UnambiguousJson(value.into()))
+    }
+
+    fn visit_unit<E>(self) -> Result<UnambiguousJson, E> {
+        Ok(UnambiguousJson(serde_json::Value::Null))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut items: A,
+    ) -> Result<UnambiguousJson, A::Error> {
+        let mut values = Vec::new();
+        while let Some(UnambiguousJson(value)) = items.next_element()? {
+            values.push(value);
+        }
+        Ok(UnambiguousJson(serde_json::Value::Array(values)))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut entries: A,
+    ) -> Result<UnambiguousJson, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = entries.next_key::<String>()? {
+            if object.keys().any(|seen| seen.eq_ignore_ascii_case(&key)) {
+                return Err(serde::de::Error::custom(AMBIGUOUS_KEY));
+            }
+            let UnambiguousJson(value) = entries.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(UnambiguousJson(serde_json::Value::Object(object)))
+    }
+}
+
 /// Why a request cannot be keyed: answered 400.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
@@ -107,6 +198,9 @@ pub enum KeyError {
     Missing { limit: String, what: String },
     #[error("{what} appears several times with different values")]
     Ambiguous { what: String },
+    /// The request says a key's value two ways, and the application may read the other one.
+    #[error("{0}")]
+    Unclear(String),
 }
 
 /// The key of `limit` for this request: `Ok(None)` when the limit does not apply to it
@@ -242,6 +336,17 @@ fn value_of<'f>(
             single_value(source, cookies)?.map(Cow::Borrowed)
         }
         KeySource::FormField(name) => {
+            // A field the query string names too: some frameworks read the query's first
+            // (Servlet getParameter), so the limit and the application could disagree.
+            let in_query = facts.query.is_some_and(|query| {
+                form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == name.as_str())
+            });
+            if in_query {
+                return Err(KeyError::Unclear(format!(
+                    "{} is also in the query string",
+                    describe(source)
+                )));
+            }
             let values = facts
                 .form()
                 .iter()
@@ -249,10 +354,15 @@ fn value_of<'f>(
                 .map(|(_, value)| value.as_str());
             single_value(source, values)?.map(Cow::Borrowed)
         }
-        KeySource::JsonField(path) => facts
-            .json()
-            .and_then(|json| json_field(json, path))
-            .map(Cow::Owned),
+        KeySource::JsonField(path) => match facts.json() {
+            JsonBody::Parsed(json) => json_field(json, path).map(Cow::Owned),
+            JsonBody::Unreadable => None,
+            JsonBody::Ambiguous => {
+                return Err(KeyError::Unclear(
+                    "the JSON body names a key twice, or in two cases".to_owned(),
+                ))
+            }
+        },
     };
     Ok(value.filter(|value| !value.trim().is_empty()))
 }
@@ -298,6 +408,45 @@ fn json_field(json: &serde_json::Value, path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn facts<'a>(
+        headers: &'a HeaderMap,
+        query: Option<&'a str>,
+        body: &'a str,
+    ) -> RequestFacts<'a> {
+        RequestFacts::new(
+            "192.0.2.1".parse().unwrap(),
+            headers,
+            query,
+            Some(body.as_bytes()),
+        )
+    }
+
+    #[test]
+    fn a_json_body_that_names_a_key_twice_or_in_two_cases_is_unclear() {
+        let headers = HeaderMap::new();
+        for body in [
+            r#"{"email":"a@x.org","email":"b@x.org"}"#,
+            r#"{"email":"a@x.org","EMAIL":"b@x.org"}"#,
+            r#"{"user":{"email":"a@x.org","Email":"a@x.org"}}"#,
+        ] {
+            assert!(
+                matches!(facts(&headers, None, body).json(), JsonBody::Ambiguous),
+                "{body}"
+            );
+        }
+        let clear = facts(
+            &headers,
+            None,
+            r#"{"email":"a@x.org","emails":["a","a"],"x":{"email":1}}"#,
+        );
+        assert!(matches!(clear.json(), JsonBody::Parsed(_)));
+        assert!(matches!(
+            facts(&headers, None, "not json").json(),
+            JsonBody::Unreadable
+        ));
+    }
+
     use crate::config::Policy;
 
     fn policy(limits: &str) -> Policy {

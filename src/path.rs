@@ -5,6 +5,33 @@
 //! are decoded (`/%6Cogin`), other percent-encodings are upper-cased, repeated slashes merged
 //! (`//login`) and dot-segments resolved (`/./login`, `/a/../login`, `/%2e%2e/login`).
 
+/// The form of a normalized path that routes are matched on with `[server] path_matching =
+/// "canonical"`: what common application servers route alike is alike here too. ASCII case
+/// is folded (Express and ASP.NET route `/LOGIN` as `/login`), `;` parameters are removed
+/// from each segment (Tomcat and Spring read `/login;x` and `/login/..;/login` as `/login`),
+/// and `\` (or `%5C`) is a `/` (IIS); the result is normalized again. The upstream still
+/// receives the normalized path.
+///
+/// Cost: one pass over the path when there is nothing to change (the usual case).
+pub fn canonical(normalized: &str) -> std::borrow::Cow<'_, str> {
+    let plain = normalized
+        .bytes()
+        .all(|byte| !byte.is_ascii_uppercase() && byte != b';' && byte != b'\\');
+    if plain {
+        return std::borrow::Cow::Borrowed(normalized);
+    }
+    let slashes = normalized.replace('\\', "/").replace("%5C", "/");
+    let mut folded = String::with_capacity(slashes.len());
+    for (index, segment) in slashes.split('/').enumerate() {
+        if index > 0 {
+            folded.push('/');
+        }
+        let without_parameters = segment.split(';').next().unwrap_or_default();
+        folded.push_str(&without_parameters.to_ascii_lowercase());
+    }
+    std::borrow::Cow::Owned(normalize(&folded))
+}
+
 /// Returns the normalized form of `path` (the path component only, without the query).
 ///
 /// Cost: one pass to decode, one pass over the segments; one allocation for the result.
@@ -115,8 +142,35 @@ fn hex_value(byte: u8) -> Option<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::normalize;
+    use super::{canonical, normalize};
     use proptest::prelude::*;
+
+    #[test]
+    fn what_application_servers_route_alike_is_one_canonical_path() {
+        for variant in [
+            "/LOGIN",
+            "/Login",
+            "/login;x",
+            "/login;jsessionid=abc",
+            "/login/..;/login",
+            "/login\\",
+            "/x\\..\\login",
+            "/login%5C",
+            "/login%5c",
+        ] {
+            let normalized = normalize(variant);
+            let canonical = canonical(&normalized);
+            assert!(
+                canonical == "/login" || canonical == "/login/",
+                "{variant} -> {normalized} -> {canonical}"
+            );
+        }
+        assert!(matches!(
+            canonical("/api/v1/users"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(canonical("/a;b/c;d"), "/a/c");
+    }
 
     #[test]
     fn variants_of_login_all_normalize_to_login() {

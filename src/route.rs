@@ -6,7 +6,8 @@ use crate::config::{PathMatch, Route};
 
 /// The first route that matches, if any: of the policy's routes or the runtime's.
 ///
-/// `host` is the request's host, lower-case and without port; `path` is normalized.
+/// `host` is the request's host, lower-case and without port; `path` is the request's match
+/// path (`path::canonical` of the normalized path, unless matching is strict).
 /// Cost: linear in the number of routes, each a few comparisons.
 pub fn find<'r, R: AsRef<Route>>(
     routes: &'r [R],
@@ -30,7 +31,7 @@ fn matches(route: &Route, host: Option<&str>, method: &Method, path: &str) -> bo
             return false;
         }
     }
-    path_matches(&route.path, path)
+    path_matches(&route.match_path, path)
 }
 
 /// Exact paths tolerate one trailing slash; prefixes match whole segments only.

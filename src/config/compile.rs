@@ -164,7 +164,12 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
             );
         }
         routes.extend(routes::compile_route(
-            index, route, &upstreams, &limits, errors,
+            index,
+            route,
+            &upstreams,
+            &limits,
+            server.path_matching,
+            errors,
         ));
     }
     let mut policy = Policy {

@@ -10,7 +10,7 @@ use toml::Spanned;
 use super::limits::valid_name;
 use super::{list_or_none, Errors};
 use crate::config::raw;
-use crate::config::{Limit, PathMatch, Route, RouteLimit, Upstream};
+use crate::config::{Limit, PathMatch, PathMatching, Route, RouteLimit, Upstream};
 use crate::path;
 
 pub(super) fn compile_route(
@@ -18,6 +18,7 @@ pub(super) fn compile_route(
     raw: Spanned<raw::RawRoute>,
     upstreams: &[Arc<Upstream>],
     limits: &[Arc<Limit>],
+    matching: PathMatching,
     errors: &mut Errors<'_>,
 ) -> Option<Route> {
     let span = raw.span();
@@ -162,6 +163,7 @@ pub(super) fn compile_route(
         name: Arc::from(name.as_str()),
         host,
         methods,
+        match_path: match_path(path.as_ref()?, matching),
         path: path?,
         upstream: upstream?,
         limits: route_limits,
@@ -177,6 +179,24 @@ fn positive_cost(cost: &Spanned<f64>, key: &str, errors: &mut Errors<'_>) -> f64
         return 1.0;
     }
     value
+}
+
+/// What a route's path is matched as: in canonical form, unless matching is strict.
+fn match_path(path: &PathMatch, matching: PathMatching) -> PathMatch {
+    let canonical = |text: &str| {
+        if matching == PathMatching::Strict {
+            return text.to_owned();
+        }
+        let canonical = path::canonical(text);
+        match canonical.trim_end_matches('/') {
+            "" => "/".to_owned(),
+            trimmed => trimmed.to_owned(),
+        }
+    };
+    match path {
+        PathMatch::Exact(text) => PathMatch::Exact(canonical(text)),
+        PathMatch::Prefix(text) => PathMatch::Prefix(canonical(text)),
+    }
 }
 
 fn route_path(
@@ -241,6 +261,22 @@ mod tests {
             "the route shares the policy's limit"
         );
         assert!(route.reads_body, "limit b reads a JSON field");
+    }
+
+    #[test]
+    fn routes_are_matched_on_their_canonical_path_unless_matching_is_strict() {
+        let route = "[[routes]]\nname = \"r\"\npath = \"/Admin;v=1/Panel/\"\nupstream = \"app\"\n";
+        let canonical = policy(route);
+        assert_eq!(
+            canonical.routes[0].path,
+            PathMatch::Exact("/Admin;v=1/Panel".to_owned())
+        );
+        assert_eq!(
+            canonical.routes[0].match_path,
+            PathMatch::Exact("/admin/panel".to_owned())
+        );
+        let strict = policy(&format!("[server]\npath_matching = \"strict\"\n{route}"));
+        assert_eq!(strict.routes[0].match_path, strict.routes[0].path);
     }
 
     #[test]

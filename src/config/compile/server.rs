@@ -102,6 +102,7 @@ pub(super) fn compile_server(
         grace_period: duration_or(raw.grace_period, Duration::from_secs(30)),
         ratelimit_headers: raw.ratelimit_headers.unwrap_or_default(),
         http1: raw.http1.unwrap_or_default(),
+        path_matching: raw.path_matching.unwrap_or_default(),
     }
 }
 

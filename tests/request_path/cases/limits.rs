@@ -502,6 +502,26 @@ async fn missing_body_key_with_reject_is_400_and_form_bodies_are_read() {
         .post("/form-login", &[form], "username=erin&username=frank")
         .await;
     assert_eq!(ambiguous.status, 400);
+    // The query string may say it too, and a Servlet reads the query's first: unclear.
+    let also_in_query = client
+        .post("/form-login?username=harry", &[form], "username=ivan")
+        .await;
+    assert_eq!(also_in_query.status, 400);
+    assert!(also_in_query.json()["detail"]
+        .as_str()
+        .unwrap()
+        .contains("query string"));
+    // A JSON key twice, or in two cases (Go and ASP.NET bind ignoring case): never keyed.
+    for body in [
+        r#"{"email":"joe@example.com","email":"kim@example.com"}"#,
+        r#"{"email":"joe@example.com","EMAIL":"kim@example.com"}"#,
+    ] {
+        assert_eq!(
+            client.post("/login", &[JSON], body).await.status,
+            400,
+            "{body}"
+        );
+    }
     // The buffered body still reaches the upstream intact.
     let echoed = client
         .post("/form-login", &[form], "username=gina&password=z")
@@ -584,4 +604,58 @@ async fn ipv6_peers_are_grouped_by_prefix() {
         assert_eq!(client.get("/", &[]).await.status, 200);
     }
     assert_eq!(client.get("/", &[]).await.status, 429);
+}
+
+#[tokio::test]
+async fn variants_an_application_server_routes_to_login_share_its_bucket() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, LOGIN, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    // Express and ASP.NET fold case, Tomcat and Spring drop ;parameters, IIS reads \ as /.
+    let variants = ["/LOGIN", "/login;x", "/login/..;/login", "/Login%5C"];
+    let mut statuses = Vec::new();
+    for (index, path) in variants.iter().enumerate() {
+        let address = format!("192.0.2.{index}");
+        let reply = client
+            .post(
+                path,
+                &[JSON, ("x-forwarded-for", &address)],
+                &login_body("carol@example.com"),
+            )
+            .await;
+        statuses.push(reply.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429], "{variants:?}");
+    // The upstream still receives the path as normalized, not folded.
+    let echoed = client
+        .post(
+            "/LOGIN;x",
+            &[JSON, ("x-forwarded-for", "192.0.2.50")],
+            &login_body("dan@example.com"),
+        )
+        .await;
+    assert_eq!(echoed.json()["uri"], "/LOGIN;x");
+}
+
+#[tokio::test]
+async fn strict_path_matching_leaves_case_and_parameters_alone() {
+    let upstream = start_upstream().await;
+    let policy =
+        format!("[server]\nlisten = [\"127.0.0.1:0\"]\npath_matching = \"strict\"\n{LOGIN}");
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    for index in 0..4 {
+        let address = format!("192.0.2.{index}");
+        let reply = client
+            .post(
+                "/LOGIN",
+                &[JSON, ("x-forwarded-for", &address)],
+                &login_body("erin@example.com"),
+            )
+            .await;
+        assert_eq!(
+            reply.status, 200,
+            "/LOGIN is not /login here (request {index})"
+        );
+    }
 }

@@ -119,6 +119,7 @@ pub struct Metrics {
     store_duration: Family,
     store_errors: IntCounterVec,
     store_batch_requests: HistogramVec,
+    store_late: IntCounterVec,
     degraded: IntCounterVec,
     upstream_duration: Family,
     upstream_responses: Family,
@@ -200,6 +201,11 @@ impl Metrics {
             &["backend"],
             &BATCH_BUCKETS,
         );
+        let store_late = counter(
+            "tollgate_store_late_total",
+            "Store calls that ran after the gateway gave up on them, and charged nothing.",
+            &["backend"],
+        );
         let degraded = counter(
             "tollgate_degraded_decisions_total",
             "Decisions taken without the store, by failure policy.",
@@ -262,6 +268,7 @@ impl Metrics {
             store_duration,
             store_errors,
             store_batch_requests,
+            store_late,
             degraded,
             upstream_duration,
             upstream_responses,
@@ -287,10 +294,16 @@ impl Metrics {
         // Exported for every backend, so that dashboards find it (the memory store makes no
         // calls and leaves it at zero).
         self.store_batch_requests.with_label_values(&[backend]);
+        self.store_late.with_label_values(&[backend]);
         StoreCallMetrics {
             duration: self.store_duration.histogram(&[backend]),
             errors: self.store_errors.with_label_values(&[backend]),
         }
+    }
+
+    /// Where a store counts calls that ran after their deadline and charged nothing.
+    pub fn store_late(&self, backend: &str) -> SharedIntCounter {
+        self.store_late.with_label_values(&[backend])
     }
 
     /// Where a store records how many requests each of its calls decided.

@@ -71,7 +71,7 @@ impl Shared {
             Some(settings) => Store::Redis(Box::new(
                 RedisStore::new(settings, clock.clone())
                     .map_err(StartError::Store)?
-                    .observing_batches(metrics.store_batches("redis")),
+                    .observing_batches(metrics.store_batches("redis"), metrics.store_late("redis")),
             )),
             None => Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone())),
         };

@@ -651,6 +651,70 @@ async fn decisions_go_back_to_redis_as_it_answers_not_after_the_backoff() {
     assert_eq!(store.circuit_state(), CircuitState::Closed);
 }
 
+const SIX: &str = r#"
+[store]
+backend = "redis"
+url = "REDIS"
+timeout = "100ms"
+hash_key = "test-secret-0123456789"
+
+[upstreams.app]
+url = "http://{upstream}"
+
+[limits.six]
+key = "global"
+capacity = 6
+rate = "1/h"
+
+[[routes]]
+name = "deny"
+path = "/deny"
+upstream = "app"
+limits = ["six"]
+on_store_failure = "deny"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_run_after_the_gateway_gave_up_charge_nothing() {
+    use tollgate::limit::breaker::CircuitState;
+
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&SIX.replace("REDIS", &redis.url()), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let store = gateway.redis_store().unwrap();
+    // One decision first: its reply tells the gateway the server's clock. 5 tokens left.
+    assert_eq!(client.get("/deny", &[]).await.status, 200);
+
+    // Redis holds every command for 1.5 s: the gateway gives up on each call after 100 ms and
+    // answers 503, while the scripts wait in Redis to run when the pause ends.
+    redis.cli(&["CLIENT", "PAUSE", "1500", "ALL"]);
+    let refused = futures_util::future::join_all((0..5).map(|_| client.get("/deny", &[]))).await;
+    assert!(refused.iter().all(|reply| reply.status == 503));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while store.late_calls() == 0 || store.circuit_state() != CircuitState::Closed {
+        assert!(
+            Instant::now() < deadline,
+            "late calls {}, circuit {:?}",
+            store.late_calls(),
+            store.circuit_state()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The scripts ran late and charged nothing: the bucket still holds its 5 tokens.
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(client.get("/deny", &[]).await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+    let late = metric(
+        &gateway.render_metrics(),
+        r#"tollgate_store_late_total{backend="redis"}"#,
+    );
+    assert!(late >= 1.0, "{late}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_starts_while_redis_is_down() {
     let mut redis = RedisServer::start();

@@ -2,7 +2,9 @@
 -- indivisible step, one request after another, as if each were its own call at the same time.
 --
 -- KEYS: the bucket keys of the batch, each once.
--- ARGV: the number of shapes, then each shape: its number of buckets n, then per bucket 6
+-- ARGV: the deadline of the call in the server's time (microseconds; 0: none): a call that
+--   runs after it was given up on by the gateway (Redis was paused, busy or failing over)
+--   charges nothing and says so. Then the number of shapes, then each shape: its number of buckets n, then per bucket 6
 --   values: capacity, rate (tokens per second), cost, enforce (1/0), factor and min_capacity
 --   of the limit's adaptive penalty (factor '0': not adaptive). Then per request: the index of
 --   its shape, then for each of the shape's buckets the index of its key in KEYS.
@@ -18,7 +20,9 @@
 -- many requests charged it, and expires once it would be full again and its adaptive state no
 -- longer matters.
 --
--- Reply: one binary string, per request: a byte, admitted (1/0), then per bucket: the tokens
+-- Reply: one binary string: the server's time (a little-endian double, microseconds) and a
+-- byte, 1 when the call came after its deadline (then nothing else follows); then per
+-- request: a byte, admitted (1/0), then per bucket: the tokens
 -- after (a little-endian double) and a byte: 1 sufficient, 0 not, plus 2 if the key is under
 -- an adaptive penalty, in which case the multiplier follows (a double); the requests one after
 -- another.
@@ -36,12 +40,16 @@ local call, tonumber, format, ceil = redis.call, tonumber, string.format, math.c
 local pack = struct.pack
 local clock = call('TIME')
 local now = clock[1] * 1000000 + clock[2]
+local deadline = tonumber(ARGV[1])
+if deadline > 0 and now > deadline then
+  return pack('<dB', now, 1)
+end
 
 -- Per shape: { n, then per bucket from (i - 1) * 6 + 1: capacity, rate, cost, enforce (a
 -- boolean), factor (false: not adaptive) and min_capacity (as text) }.
 local shapes = {}
-local argument = 2
-for s = 1, tonumber(ARGV[1]) do
+local argument = 3
+for s = 1, tonumber(ARGV[2]) do
   local count = tonumber(ARGV[argument])
   local shape = { count, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
   for i = 1, count do
@@ -64,7 +72,7 @@ local seen = { false, false, false, false }
 -- capacity, rate, multiplier, cost.
 local state = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 local sufficient = { false, false, false, false }
-local reply, replied = { '', '', '', '', '' }, 0
+local reply, replied = { pack('<dB', now, 0), '', '', '', '' }, 1
 local arguments = #ARGV
 
 while argument <= arguments do

@@ -41,6 +41,9 @@ use super::{
 };
 use crate::config::RedisSettings;
 
+/// How long a reply is waited for at most, a late one included.
+const LATE_REPLIES: Duration = Duration::from_secs(30);
+
 const DECIDE: &str = include_str!("decide.lua");
 const REFUND: &str = include_str!("refund.lua");
 const OUTCOME: &str = include_str!("outcome.lua");
@@ -123,7 +126,9 @@ impl RedisStore {
             .map_err(|error| StoreError::Setup(error.to_string()))?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(settings.timeout.max(Duration::from_millis(250))))
-                .set_response_timeout(Some(settings.timeout))
+                // The store's timeout is kept by the callers (the batches' deadlines): a reply
+                // that comes after it is still read, to learn that its script ran late.
+                .set_response_timeout(Some(settings.timeout.max(LATE_REPLIES)))
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(200));
             let manager = ConnectionManager::new_lazy_with_config(client, config)
@@ -145,10 +150,20 @@ impl RedisStore {
         })
     }
 
-    /// Records the requests each batch's call decides in `histogram`.
-    pub fn observing_batches(mut self, histogram: prometheus::Histogram) -> RedisStore {
-        self.batcher = Batcher::observed_by(histogram);
+    /// Records the requests each batch's call decides in `histogram`, and calls that ran
+    /// after their deadline (charging nothing) in `late`.
+    pub fn observing_batches(
+        mut self,
+        histogram: prometheus::Histogram,
+        late: prometheus::IntCounter,
+    ) -> RedisStore {
+        self.batcher = Batcher::observed_by(histogram, late);
         self
+    }
+
+    /// Calls that ran after the gateway gave up on them and charged nothing.
+    pub fn late_calls(&self) -> u64 {
+        self.batcher.late_calls()
     }
 
     /// Requests refused by the deny cache without a store call.

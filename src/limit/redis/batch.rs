@@ -15,10 +15,11 @@
 //! call they join gives up at the latest then: no request waits past its deadline.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use prometheus::{Histogram, HistogramOpts};
+use prometheus::{Histogram, HistogramOpts, IntCounter};
 use redis::aio::ConnectionManager;
 use redis::Script;
 use smallvec::SmallVec;
@@ -26,7 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::{evaluate, Number, StoreKeys};
-use crate::limit::{BucketRequest, StoreError};
+use crate::limit::{clock, BucketRequest, StoreError};
 
 /// Requests per call at most: a script holds Redis while it runs.
 const BATCH_LIMIT: usize = 64;
@@ -134,14 +135,15 @@ impl<'a> DecideCall<'a> {
         self.bucket_counts.push(shape.len());
     }
 
-    pub(super) fn command(&self, script: &Script) -> redis::Cmd {
+    /// The call, with its deadline in the server's time (microseconds; 0: none).
+    pub(super) fn command(&self, script: &Script, deadline: u64) -> redis::Cmd {
         let key_bytes = self.keys.iter().map(|key| key.len()).sum::<usize>();
         let shape_arguments = self
             .shapes
             .iter()
             .map(|shape| 1 + 6 * shape.len())
             .sum::<usize>();
-        let arguments = 4 + self.keys.len() + shape_arguments + self.requests.len();
+        let arguments = 5 + self.keys.len() + shape_arguments + self.requests.len();
         // Sized up front: grown argument by argument, the buffers would be reallocated
         // several times per call.
         let mut command = redis::Cmd::with_capacity(arguments, 64 + key_bytes + 24 * arguments);
@@ -152,6 +154,7 @@ impl<'a> DecideCall<'a> {
         for key in &self.keys {
             command.arg(*key);
         }
+        command.arg(deadline);
         command.arg(self.shapes.len());
         for shape in &self.shapes {
             command.arg(shape.len());
@@ -172,12 +175,24 @@ impl<'a> DecideCall<'a> {
         command
     }
 
-    /// Reads the reply: per request, a byte for admitted, then per bucket the tokens after (a
+    /// Reads the reply: the server's time, a byte (1: the call was late, and nothing follows);
+    /// then per request, a byte for admitted, then per bucket the tokens after (a
     /// little-endian double) and a byte: 1 sufficient, 0 not, plus 2 when the adaptive
     /// multiplier (a double) follows.
-    pub(super) fn parse_reply(&self, reply: &[u8]) -> Result<Vec<RequestReply>, StoreError> {
+    pub(super) fn parse_reply(&self, reply: &[u8]) -> Result<CallReply, StoreError> {
         let malformed = || StoreError::Reply(format!("{reply:?}"));
         let mut fields = ReplyReader(reply);
+        let server_time = fields.number().ok_or_else(malformed)?;
+        match fields.byte().ok_or_else(malformed)? {
+            0 => {}
+            1 if fields.0.is_empty() => {
+                return Ok(CallReply {
+                    server_time,
+                    requests: None,
+                })
+            }
+            _ => return Err(malformed()),
+        }
         let mut parsed = Vec::with_capacity(self.bucket_counts.len());
         for count in &self.bucket_counts {
             let admitted = match fields.byte().ok_or_else(malformed)? {
@@ -199,8 +214,21 @@ impl<'a> DecideCall<'a> {
         if !fields.0.is_empty() {
             return Err(malformed());
         }
-        Ok(parsed)
+        Ok(CallReply {
+            server_time,
+            requests: Some(parsed),
+        })
     }
+}
+
+/// The reply of one `decide.lua` call.
+#[derive(Debug, PartialEq)]
+pub(super) struct CallReply {
+    /// The server's time when the call ran, in microseconds.
+    pub server_time: f64,
+    /// Per request, in the order pushed; `None` when the call ran after its deadline and
+    /// charged nothing.
+    pub requests: Option<Vec<RequestReply>>,
 }
 
 /// The unread rest of a reply.
@@ -220,6 +248,50 @@ impl ReplyReader<'_> {
     }
 }
 
+/// How long a call given up on is still listened to: a script that runs later is counted
+/// late (it charged nothing), and its reply keeps the server clock's estimate fresh.
+const LATE_LISTEN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The gateway's estimate of the Redis server's clock, from the latest reply: the server's
+/// `TIME` when the script ran, against the gateway's clock when the reply arrived. A deadline
+/// moved into the server's time by that offset is the last moment at which a script's reply
+/// still reaches the gateway in time (the reply's way back is in the offset).
+#[derive(Debug)]
+pub(super) struct ServerClock {
+    origin: std::time::Instant,
+    /// Server microseconds minus the gateway's microseconds since `origin`; `i64::MIN` until
+    /// the first reply.
+    offset: AtomicI64,
+}
+
+impl ServerClock {
+    pub(super) fn new() -> ServerClock {
+        ServerClock {
+            origin: clock::instant(),
+            offset: AtomicI64::new(i64::MIN),
+        }
+    }
+
+    fn micros(&self, at: std::time::Instant) -> i64 {
+        i64::try_from(at.saturating_duration_since(self.origin).as_micros()).unwrap_or(i64::MAX)
+    }
+
+    /// Notes a reply that arrived now, with the server's time when its script ran.
+    pub(super) fn observe(&self, server_time: f64) {
+        let offset = server_time as i64 - self.micros(clock::instant());
+        self.offset.store(offset, Ordering::Relaxed);
+    }
+
+    /// `deadline` in the server's time, in microseconds; 0 (none) before the first reply.
+    pub(super) fn deadline(&self, deadline: Instant) -> u64 {
+        let offset = self.offset.load(Ordering::Relaxed);
+        if offset == i64::MIN {
+            return 0;
+        }
+        u64::try_from(self.micros(deadline.into_std()).saturating_add(offset)).unwrap_or(0)
+    }
+}
+
 /// A decision waiting for its batch. Its keys travel with it and come back with the reply.
 struct Queued {
     keys: StoreKeys,
@@ -234,6 +306,9 @@ pub(super) struct Batcher {
     queue: OnceLock<mpsc::UnboundedSender<Queued>>,
     /// Requests per call: the gateway's metric, or one of the batcher's own.
     sizes: Histogram,
+    /// Calls whose script ran after the gateway gave up on them, and charged nothing.
+    late: IntCounter,
+    server_clock: Arc<ServerClock>,
 }
 
 impl Batcher {
@@ -244,14 +319,22 @@ impl Batcher {
             "Requests decided per call.",
         ))
         .expect("valid histogram");
-        Batcher::observed_by(sizes)
+        let late = IntCounter::new("late_calls", "Calls that ran late.").expect("valid counter");
+        Batcher::observed_by(sizes, late)
     }
 
-    pub(super) fn observed_by(sizes: Histogram) -> Batcher {
+    pub(super) fn observed_by(sizes: Histogram, late: IntCounter) -> Batcher {
         Batcher {
             queue: OnceLock::new(),
             sizes,
+            late,
+            server_clock: Arc::new(ServerClock::new()),
         }
+    }
+
+    /// Calls that ran after their deadline and charged nothing, counted so far.
+    pub(super) fn late_calls(&self) -> u64 {
+        self.late.get()
     }
 
     /// Decides one request in the next batch; gives its keys back with the reply, which is a
@@ -270,7 +353,11 @@ impl Batcher {
                 connection.clone(),
                 script.clone(),
                 receiver,
-                self.sizes.clone(),
+                Observers {
+                    sizes: self.sizes.clone(),
+                    late: self.late.clone(),
+                    server_clock: self.server_clock.clone(),
+                },
             ));
             sender
         });
@@ -310,11 +397,18 @@ impl std::fmt::Debug for Batcher {
 /// Gathers queued decisions and sends them as one call whenever no call is out (or, for a
 /// batch of `SECOND_CALL_BATCH` or more, one is). Runs until the store, and with it the
 /// queue's sender, is dropped.
+/// What the sender reports to, and the server clock it keeps.
+struct Observers {
+    sizes: Histogram,
+    late: IntCounter,
+    server_clock: Arc<ServerClock>,
+}
+
 async fn send_batches(
     connection: ConnectionManager,
     script: Script,
     mut queue: mpsc::UnboundedReceiver<Queued>,
-    sizes: Histogram,
+    observers: Observers,
 ) {
     let mut in_flight = FuturesUnordered::new();
     let mut pending: Vec<Queued> = Vec::new();
@@ -355,8 +449,8 @@ async fn send_batches(
                 batch = live;
             }
             if !batch.is_empty() {
-                sizes.observe(batch.len() as f64);
-                in_flight.push(call(connection.clone(), &script, batch));
+                observers.sizes.observe(batch.len() as f64);
+                in_flight.push(call(connection.clone(), &script, batch, &observers));
             }
         }
     }
@@ -364,21 +458,58 @@ async fn send_batches(
 
 /// One call for a batch; every request of it gets its own reply, or the call's error, or a
 /// timeout once the earliest deadline of the batch has passed (a request may so time out a
-/// little before its own deadline, never after).
-async fn call(mut connection: ConnectionManager, script: &Script, batch: Vec<Queued>) {
+/// little before its own deadline, never after). The call carries that deadline in the
+/// server's time: run later, its script charges nothing. A call given up on is still listened
+/// to for a while, by a task of its own, to count it if it ran late.
+async fn call(
+    connection: ConnectionManager,
+    script: &Script,
+    batch: Vec<Queued>,
+    observers: &Observers,
+) {
     let mut decide = DecideCall::new();
     for queued in &batch {
         decide.push(queued.keys.iter(), &queued.shape);
     }
-    let command = decide.command(script);
     let Some(deadline) = batch.iter().map(|queued| queued.deadline).min() else {
         return;
     };
-    let evaluated = evaluate::<Vec<u8>>(script, &command, &mut connection);
-    let replies = match tokio::time::timeout_at(deadline, evaluated).await {
-        Ok(Ok(reply)) => decide.parse_reply(&reply),
-        Ok(Err(error)) => Err(StoreError::Redis(error.to_string())),
-        Err(_) => Err(StoreError::Timeout),
+    let command = decide.command(script, observers.server_clock.deadline(deadline));
+    let (script, server_clock, late) = (
+        script.clone(),
+        observers.server_clock.clone(),
+        observers.late.clone(),
+    );
+    let mut connection = connection;
+    // A task of its own, so that a call given up on can still be listened to.
+    let mut evaluated = tokio::spawn(async move {
+        let reply = evaluate::<Vec<u8>>(&script, &command, &mut connection).await;
+        reply.map(|reply| (reply, server_clock, late))
+    });
+    let replies = match tokio::time::timeout_at(deadline, &mut evaluated).await {
+        Ok(Ok(Ok((reply, server_clock, late)))) => {
+            read_reply(&decide, &reply, &server_clock, &late)
+        }
+        Ok(Ok(Err(error))) => Err(StoreError::Redis(error.to_string())),
+        Ok(Err(_)) => Err(StoreError::Redis(
+            "the script call's task failed".to_owned(),
+        )),
+        Err(_) => {
+            // Given up on: listened to, for a while, in the background.
+            tokio::spawn(async move {
+                if let Ok(Ok(Ok((reply, server_clock, late)))) =
+                    tokio::time::timeout(LATE_LISTEN, evaluated).await
+                {
+                    if let Some((server_time, was_late)) = reply_header(&reply) {
+                        server_clock.observe(server_time);
+                        if was_late {
+                            late.inc();
+                        }
+                    }
+                }
+            });
+            Err(StoreError::Timeout)
+        }
     };
     match replies {
         Ok(replies) => {
@@ -392,6 +523,32 @@ async fn call(mut connection: ConnectionManager, script: &Script, batch: Vec<Que
             }
         }
     }
+}
+
+/// The server's time and whether the call was late, from the start of a reply.
+fn reply_header(reply: &[u8]) -> Option<(f64, bool)> {
+    let mut fields = ReplyReader(reply);
+    let server_time = fields.number()?;
+    Some((server_time, fields.byte()? == 1))
+}
+
+/// A call's reply: the server clock notes its time; a late call is counted, and answers its
+/// requests as timed out (the gateway had given up on them already).
+fn read_reply(
+    decide: &DecideCall<'_>,
+    reply: &[u8],
+    server_clock: &ServerClock,
+    late: &IntCounter,
+) -> Result<Vec<RequestReply>, StoreError> {
+    let CallReply {
+        server_time,
+        requests,
+    } = decide.parse_reply(reply)?;
+    server_clock.observe(server_time);
+    requests.ok_or_else(|| {
+        late.inc();
+        StoreError::Timeout
+    })
 }
 
 #[cfg(test)]
@@ -428,9 +585,11 @@ mod tests {
         call.push(["per_ip:b", "global"], &login);
         call.push(["per_ip:a"], &search);
         let script = Script::new("return 1");
-        let sent = arguments(&call.command(&script));
+        let sent = arguments(&call.command(&script, 1_700_000_000_000_000));
         let expected = [
             format!("EVALSHA {} 3 per_ip:a global per_ip:b", script.get_hash()),
+            // The call's deadline in the server's time.
+            "1700000000000000".to_owned(),
             // Two shapes: login's two buckets, then search's one (capacity, rate, cost,
             // enforce, factor, min_capacity).
             "2 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0".to_owned(),
@@ -449,6 +608,8 @@ mod tests {
         call.push(["a"], &one_bucket);
         let double = |value: f64| value.to_le_bytes().to_vec();
         let reply: Vec<u8> = [
+            double(1.7e15),
+            vec![0],
             vec![1],
             double(4.5),
             vec![1],
@@ -462,17 +623,30 @@ mod tests {
         .concat();
         assert_eq!(
             call.parse_reply(&reply).unwrap(),
-            vec![
-                RequestReply {
-                    admitted: true,
-                    buckets: vec![(4.5, true, 1.0), (0.0, false, 0.5)],
-                },
-                RequestReply {
-                    admitted: false,
-                    buckets: vec![(3.0, false, 1.0)],
-                },
-            ]
+            CallReply {
+                server_time: 1.7e15,
+                requests: Some(vec![
+                    RequestReply {
+                        admitted: true,
+                        buckets: vec![(4.5, true, 1.0), (0.0, false, 0.5)],
+                    },
+                    RequestReply {
+                        admitted: false,
+                        buckets: vec![(3.0, false, 1.0)],
+                    },
+                ]),
+            }
         );
+        let late = [double(1.7e15), vec![1]].concat();
+        assert_eq!(
+            call.parse_reply(&late).unwrap(),
+            CallReply {
+                server_time: 1.7e15,
+                requests: None,
+            },
+            "a late call charged nothing and says no more"
+        );
+        assert!(call.parse_reply(&[&late[..], &[0]].concat()).is_err());
         assert!(
             call.parse_reply(&reply[..reply.len() - 1]).is_err(),
             "too short"
@@ -482,18 +656,33 @@ mod tests {
             "leftover bytes"
         );
         let mut bad_flag = reply.clone();
-        bad_flag[9] = 4;
+        bad_flag[18] = 4;
         assert!(call.parse_reply(&bad_flag).is_err(), "flags are 0 to 3");
-        bad_flag[9] = 2;
+        bad_flag[18] = 2;
         assert!(
             call.parse_reply(&bad_flag).is_err(),
             "a flag of 2 takes the next 8 bytes for a multiplier: the rest no longer fits"
         );
         let mut bad_admitted = reply.clone();
-        bad_admitted[0] = 2;
+        bad_admitted[9] = 2;
         assert!(
             call.parse_reply(&bad_admitted).is_err(),
             "admitted is 0 or 1"
+        );
+    }
+
+    #[test]
+    fn deadlines_move_into_the_servers_time_once_a_reply_gave_its_clock() {
+        let clock = ServerClock::new();
+        let deadline = Instant::from_std(clock.origin) + std::time::Duration::from_millis(1500);
+        assert_eq!(clock.deadline(deadline), 0, "no estimate yet: no deadline");
+        // The server said 1e15 µs when the gateway's clock read about 0 µs since its origin.
+        clock.observe(1e15);
+        let moved = clock.deadline(deadline);
+        let expected = 1e15 as u64 + 1_500_000;
+        assert!(
+            moved <= expected && moved > expected - 1_000_000,
+            "{moved} against {expected}"
         );
     }
 }

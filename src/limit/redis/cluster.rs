@@ -78,8 +78,14 @@ impl RedisStore {
             .collect();
         let mut call = DecideCall::new();
         call.push(group.iter().map(|index| &keys[*index]), &shape);
-        let reply: Vec<u8> = self.send(&self.decide, &call.command(&self.decide)).await?;
-        let mut replies = call.parse_reply(&reply)?;
+        // No deadline yet: each node of a Cluster has a clock of its own to estimate.
+        let reply: Vec<u8> = self
+            .send(&self.decide, &call.command(&self.decide, 0))
+            .await?;
+        let mut replies = call
+            .parse_reply(&reply)?
+            .requests
+            .ok_or(StoreError::Timeout)?;
         replies
             .pop()
             .ok_or_else(|| StoreError::Reply("an empty script reply".to_owned()))

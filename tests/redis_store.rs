@@ -716,6 +716,61 @@ async fn calls_that_run_after_the_gateway_gave_up_charge_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_by_status_that_runs_after_the_gateway_gave_up_is_dropped() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let policy = SIX
+        .replace("REDIS", &redis.url())
+        .replace("capacity = 6", "capacity = 10")
+        .replace("path = \"/deny\"", "path = \"/delayed\"")
+        + "\n[limits.six.charge_on_status]\n200 = 3\n";
+    let gateway = start_gateway(&policy, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let tokens = || -> f64 {
+        let keys = redis.cli(&["KEYS", "*six*"]);
+        let key = keys
+            .lines()
+            .next()
+            .expect("the bucket's key")
+            .trim()
+            .to_owned();
+        redis
+            .cli(&["HGET", &key, "tokens"])
+            .trim()
+            .parse()
+            .expect("tokens")
+    };
+    // A first request learns the server's clock: 1 token, then 3 by its status.
+    assert_eq!(client.get("/delayed", &[]).await.status, 200);
+    assert!((tokens() - 6.0).abs() < 0.01, "{}", tokens());
+
+    // The next is decided at once, then its upstream takes a second; meanwhile Redis pauses,
+    // so the charge by its status waits in Redis past the gateway's 100 ms.
+    upstream
+        .delay_ms
+        .store(1000, std::sync::atomic::Ordering::SeqCst);
+    let pending = {
+        let client = HttpClient::new(gateway.addresses[0]);
+        tokio::spawn(async move { client.get("/delayed", &[]).await.status })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.cli(&["CLIENT", "PAUSE", "2000", "ALL"]);
+    assert_eq!(
+        pending.await.unwrap(),
+        200,
+        "the response does not wait for its hooks' store"
+    );
+    // PING waits for the pause to end; the queued charge has run by the time it answers.
+    assert_eq!(redis.cli(&["PING"]).trim(), "PONG");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let left = tokens();
+    assert!(
+        (left - 5.0).abs() < 0.01,
+        "{left} tokens: only the decision's was taken, the late charge was dropped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_starts_while_redis_is_down() {
     let mut redis = RedisServer::start();
     let url = redis.url();

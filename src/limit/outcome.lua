@@ -2,7 +2,9 @@
 -- adaptive penalties, for the buckets of one request (in one slot).
 --
 -- KEYS[i]: the bucket keys.
--- ARGV: per bucket, 9 values: capacity, rate, extra tokens, error (1/0), threshold,
+-- ARGV: the call's deadline in the server's time (microseconds; 0: none): a call that runs
+--   after it (the gateway gave up on it) changes nothing and replies 'late'. Then per bucket,
+--   9 values: capacity, rate, extra tokens, error (1/0), threshold,
 --   window (µs), factor (0: not adaptive), min_capacity, hold (µs).
 --
 -- An extra charge may take the bucket into debt, down to -capacity. An error is added to the
@@ -14,6 +16,10 @@
 
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local deadline = tonumber(ARGV[1])
+if deadline > 0 and now > deadline then
+  return { 'late' }
+end
 
 local function multiplier(factor, level, floor)
   if factor <= 0 or level <= 0 then
@@ -24,7 +30,7 @@ end
 
 local reply = {}
 for i = 1, #KEYS do
-  local base = (i - 1) * 9
+  local base = 1 + (i - 1) * 9
   local capacity = tonumber(ARGV[base + 1])
   local rate = tonumber(ARGV[base + 2])
   local extra = tonumber(ARGV[base + 3])

@@ -294,10 +294,18 @@ impl RedisStore {
             Connection::Single(_) => vec![(0..requests.len()).collect::<Vec<usize>>()],
             Connection::Cluster(_) => group_by_slot(keys.iter()),
         };
+        // On one node, the calls carry their deadline in the server's time: run after it, a
+        // charge by status must not land (the gateway gave up on it).
+        let deadline = match &self.connection {
+            Connection::Single(_) => self
+                .batcher
+                .server_deadline(clock::deadline_in(self.timeout)),
+            Connection::Cluster(_) => 0,
+        };
         let calls = join_all(
             groups
                 .iter()
-                .map(|group| self.call_outcome(requests, &keys, group)),
+                .map(|group| self.call_outcome(requests, &keys, group, deadline)),
         );
         let Ok(replies) = tokio::time::timeout(self.timeout, calls).await else {
             call.failure();
@@ -311,6 +319,13 @@ impl RedisStore {
             }
         };
         call.success();
+        if replies
+            .iter()
+            .any(|reply| reply.first().is_some_and(|flag| flag == "late"))
+        {
+            self.batcher.count_late();
+            return Err(StoreError::Timeout);
+        }
         let mut tripped = vec![false; requests.len()];
         for (group, reply) in groups.iter().zip(replies) {
             if reply.len() != group.len() {
@@ -328,28 +343,35 @@ impl RedisStore {
         requests: &[OutcomeRequest<'_>],
         keys: &StoreKeys,
         group: &[usize],
+        deadline: u64,
     ) -> Result<Vec<String>, StoreError> {
-        self.run_script(&self.outcome, keys, group, |command, position| {
-            let request = &requests[group[position]];
-            let charge = &request.charge;
-            let adaptive = request.adaptive.unwrap_or(AdaptiveParams {
-                threshold: 1,
-                window: 0.0,
-                factor: 0.0,
-                min_capacity: 0.0,
-                hold: 0.0,
-            });
-            command
-                .arg(Number(charge.capacity))
-                .arg(Number(charge.rate))
-                .arg(Number(charge.cost))
-                .arg(if request.error { 1 } else { 0 })
-                .arg(adaptive.threshold)
-                .arg((adaptive.window * 1e6).round() as i64)
-                .arg(Number(adaptive.factor))
-                .arg(Number(adaptive.min_capacity))
-                .arg((adaptive.hold * 1e6).round() as i64);
-        })
+        self.run_script(
+            &self.outcome,
+            keys,
+            group,
+            Some(deadline),
+            |command, position| {
+                let request = &requests[group[position]];
+                let charge = &request.charge;
+                let adaptive = request.adaptive.unwrap_or(AdaptiveParams {
+                    threshold: 1,
+                    window: 0.0,
+                    factor: 0.0,
+                    min_capacity: 0.0,
+                    hold: 0.0,
+                });
+                command
+                    .arg(Number(charge.capacity))
+                    .arg(Number(charge.rate))
+                    .arg(Number(charge.cost))
+                    .arg(if request.error { 1 } else { 0 })
+                    .arg(adaptive.threshold)
+                    .arg((adaptive.window * 1e6).round() as i64)
+                    .arg(Number(adaptive.factor))
+                    .arg(Number(adaptive.min_capacity))
+                    .arg((adaptive.hold * 1e6).round() as i64);
+            },
+        )
         .await
     }
 
@@ -361,6 +383,7 @@ impl RedisStore {
         script: &Script,
         keys: &StoreKeys,
         group: &[usize],
+        deadline: Option<u64>,
         mut args: impl FnMut(&mut redis::Cmd, usize),
     ) -> Result<T, StoreError> {
         // Sized up front: grown argument by argument, the buffers would be reallocated several
@@ -376,6 +399,9 @@ impl RedisStore {
             .arg(group.len());
         for index in group {
             command.arg(&keys[*index]);
+        }
+        if let Some(deadline) = deadline {
+            command.arg(deadline);
         }
         for position in 0..group.len() {
             args(&mut command, position);

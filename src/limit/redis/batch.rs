@@ -332,6 +332,16 @@ impl Batcher {
         }
     }
 
+    /// `deadline` in the server's time (0 before the first reply), for the store's other calls.
+    pub(super) fn server_deadline(&self, deadline: Instant) -> u64 {
+        self.server_clock.deadline(deadline)
+    }
+
+    /// Counts a call of the store's that ran after its deadline.
+    pub(super) fn count_late(&self) {
+        self.late.inc();
+    }
+
     /// Calls that ran after their deadline and charged nothing, counted so far.
     pub(super) fn late_calls(&self) -> u64 {
         self.late.get()

@@ -102,7 +102,7 @@ impl RedisStore {
         }
         let group: Vec<usize> = charged.iter().map(|(index, _)| *index).collect();
         let _: i64 = self
-            .run_script(&self.refund, keys, &group, |command, position| {
+            .run_script(&self.refund, keys, &group, None, |command, position| {
                 let charge = &charged[position].1;
                 command
                     .arg(Number(charge.capacity))

@@ -408,9 +408,15 @@ impl Gateway {
         let sent = clock::instant();
         let watching_load = routed.runtime.policy.overload.is_some();
         let in_flight = watching_load.then(|| self.shared.load.start_request());
+        // `OPTIONS *` goes on in asterisk-form (routed as `/*`, it asks about the server).
+        let path = if parts.uri.path() == upstream::ASTERISK {
+            upstream::ASTERISK
+        } else {
+            exchange.path.as_str()
+        };
         let result = route
             .upstream
-            .send(parts, forwarding, &exchange.path, body, sent)
+            .send(parts, forwarding, path, body, sent)
             .await;
         let elapsed = clock::elapsed(sent);
         exchange.upstream = Some(elapsed);

@@ -324,7 +324,7 @@ impl UpstreamPool {
         let outgoing = http1::OutgoingRequest {
             method: &request.method,
             target: [
-                &self.settings.targets[index].base_path,
+                base_path(&self.settings.targets[index], path),
                 path,
                 separator,
                 query,
@@ -417,13 +417,26 @@ fn no_target() -> ForwardError {
 }
 
 fn target_uri(target: &UpstreamTarget, path: &str, query: Option<&str>) -> Uri {
-    let base = &target.base_path;
+    let base = base_path(target, path);
     let text = match query {
         Some(query) => format!("{base}{path}?{query}"),
         None => format!("{base}{path}"),
     };
     text.parse().unwrap_or_else(|_| Uri::from_static("/"))
 }
+
+/// What goes before the request's path upstream: the target's base path, or nothing for the
+/// asterisk-form `*` of `OPTIONS *`, which asks about the server, not a resource under it.
+fn base_path<'t>(target: &'t UpstreamTarget, path: &str) -> &'t str {
+    if path == ASTERISK {
+        ""
+    } else {
+        &target.base_path
+    }
+}
+
+/// The request target of `OPTIONS *` (RFC 9112 §3.2.4), forwarded as it is.
+pub const ASTERISK: &str = "*";
 
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -606,5 +619,6 @@ mod tests {
         };
         let uri = target_uri(&target, "/login", Some("next=%2F"));
         assert_eq!(uri, "/base/login?next=%2F");
+        assert_eq!(target_uri(&target, ASTERISK, None), "*");
     }
 }

@@ -61,6 +61,11 @@ pub(super) fn check_request<B>(
     if request.method() == Method::CONNECT {
         return Err(Reject::MethodNotAllowed);
     }
+    if request.uri().path() == crate::upstream::ASTERISK && request.method() != Method::OPTIONS {
+        return Err(Reject::BadRequest(
+            "the target * goes with OPTIONS only".to_owned(),
+        ));
+    }
     let headers = request.headers();
     let uri = request.uri();
     let header_bytes = scan.bytes

@@ -678,3 +678,30 @@ async fn a_malformed_chunked_body_streamed_upstream_is_the_client_s_400() {
         "not counted as the upstream's failure"
     );
 }
+
+#[tokio::test]
+async fn options_asterisk_is_forwarded_in_asterisk_form() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
+    let (head, mut stream) = raw_head(
+        gateway.addresses[0],
+        b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|line| {
+            line.to_lowercase()
+                .strip_prefix("content-length:")
+                .map(|value| value.trim().parse().unwrap())
+        })
+        .expect("a length");
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).await.unwrap();
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(seen["method"], "OPTIONS");
+    assert_eq!(seen["uri"], "*", "not /*");
+    let (refused, _) = raw_head(gateway.addresses[0], b"GET * HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(raw_status(&refused), 400, "{refused}");
+}

@@ -12,6 +12,7 @@
 
 mod access_log;
 pub mod accounting;
+mod body;
 mod checks;
 pub mod reject;
 
@@ -19,11 +20,9 @@ use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::HeaderValue;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
@@ -31,6 +30,7 @@ use smallvec::SmallVec;
 
 use self::access_log::Exchange;
 use self::accounting::BucketAccount;
+use self::body::read_body;
 use self::checks::FieldScan;
 pub use self::reject::{Cause, Reject, Reports};
 use crate::config::{HeaderMode, Mode, PathMatching, StoreFailurePolicy};
@@ -566,46 +566,6 @@ fn record_share(route: &ServedRoute, share: BucketAccount) {
     }
     if share.refused {
         metrics.limited.inc();
-    }
-}
-
-/// The request's body as it goes upstream: read whole (up to `max` bytes) when the route's
-/// keys read it, otherwise streamed.
-async fn read_body(
-    route: &ServedRoute,
-    max: usize,
-    headers: &HeaderMap,
-    body: RequestBody,
-) -> Result<OutgoingBody, Reject> {
-    Ok(match body {
-        RequestBody::Empty => OutgoingBody::Buffered(Bytes::new()),
-        RequestBody::Incoming(body) if route.route.reads_body => {
-            OutgoingBody::Buffered(Box::pin(buffer_body(headers, body, max)).await?)
-        }
-        RequestBody::Incoming(body) if http_body::Body::is_end_stream(&body) => {
-            OutgoingBody::Buffered(Bytes::new())
-        }
-        RequestBody::Incoming(body) => OutgoingBody::Streamed(body),
-    })
-}
-
-/// Reads the whole body, up to `max` bytes (413 beyond; 400 if the client breaks off).
-async fn buffer_body(headers: &HeaderMap, body: Incoming, max: usize) -> Result<Bytes, Reject> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > max as u64) {
-        return Err(Reject::PayloadTooLarge(max));
-    }
-    match Limited::new(body, max).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(Reject::PayloadTooLarge(max))
-        }
-        Err(_) => Err(Reject::BadRequest(
-            "the request body could not be read".to_owned(),
-        )),
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -14,11 +14,13 @@ use hyper::body::Incoming;
 
 mod connection_pool;
 mod http1;
+mod watched_body;
 
 use std::sync::Arc;
 
 use connection_pool::{ConnectionPool, PoolError};
 use smallvec::SmallVec;
+use watched_body::WatchedBody;
 
 use crate::config::{Upstream, UpstreamTarget};
 use crate::gateway::REQUEST_ID_NAME;
@@ -74,50 +76,6 @@ enum Outgoing<'a> {
         body: Option<OutgoingBody>,
         query: Option<String>,
     },
-}
-
-/// A client's body on its way upstream, which says whether it failed: a malformed or broken
-/// body ends the exchange with an error that hyper's client reports as its own.
-struct WatchedBody {
-    inner: Incoming,
-    broken: Arc<AtomicBool>,
-}
-
-impl WatchedBody {
-    fn new(inner: Incoming) -> (WatchedBody, Arc<AtomicBool>) {
-        let broken = Arc::new(AtomicBool::new(false));
-        (
-            WatchedBody {
-                inner,
-                broken: broken.clone(),
-            },
-            broken,
-        )
-    }
-}
-
-impl http_body::Body for WatchedBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
-        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if let std::task::Poll::Ready(Some(Err(_))) = &polled {
-            self.broken.store(true, Ordering::Relaxed);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 /// Which of an upstream's targets an attempt goes to, and the path it asks for there.

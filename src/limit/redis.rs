@@ -26,9 +26,12 @@ use redis::Script;
 
 mod batch;
 mod cluster;
+mod decide_call;
 mod keys;
+mod server_clock;
 
-use batch::{Batcher, BucketArguments, Shape};
+use batch::Batcher;
+use decide_call::{BucketArguments, Shape};
 pub use keys::slot;
 use keys::{group_by_slot, StoreKeys};
 

@@ -14,20 +14,19 @@
 //! timeout per store), so the calls they wait for end before their own deadlines, and the
 //! call they join gives up at the latest then: no request waits past its deadline.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use prometheus::{Histogram, HistogramOpts, IntCounter};
 use redis::aio::ConnectionManager;
 use redis::Script;
-use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::{evaluate, Number, StoreKeys};
-use crate::limit::{clock, BucketRequest, StoreError};
+use super::decide_call::{CallReply, DecideCall, ReplyReader, RequestReply, Shape};
+use super::server_clock::ServerClock;
+use super::{evaluate, StoreKeys};
+use crate::limit::StoreError;
 
 /// Requests per call at most: a script holds Redis while it runs.
 const BATCH_LIMIT: usize = 64;
@@ -41,256 +40,9 @@ const BATCH_LIMIT: usize = 64;
 const CALLS_IN_FLIGHT: usize = 2;
 const SECOND_CALL_BATCH: usize = 8;
 
-/// What `decide.lua` needs to know of one bucket besides its key.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct BucketArguments {
-    capacity: f64,
-    rate: f64,
-    cost: f64,
-    enforce: bool,
-    /// 0: not adaptive.
-    factor: f64,
-    min_capacity: f64,
-}
-
-impl BucketArguments {
-    pub(super) fn of(request: &BucketRequest<'_>) -> BucketArguments {
-        let (factor, min_capacity) = request
-            .adaptive
-            .map_or((0.0, 0.0), |params| (params.factor, params.min_capacity));
-        BucketArguments {
-            capacity: request.charge.capacity,
-            rate: request.charge.rate,
-            cost: request.charge.cost,
-            enforce: request.charge.enforce,
-            factor,
-            min_capacity,
-        }
-    }
-}
-
-/// The buckets of one request, inline for the usual handful.
-pub(super) type Shape = SmallVec<[BucketArguments; 4]>;
-
-/// The reply of `decide.lua` for one request.
-#[derive(Debug, PartialEq)]
-pub(super) struct RequestReply {
-    pub admitted: bool,
-    /// (tokens after, sufficient, adaptive multiplier) per bucket of the request.
-    pub buckets: Vec<(f64, bool, f64)>,
-}
-
-/// One `decide.lua` call being put together: each key is sent once, and so is each shape (the
-/// numbers of a request's buckets, the same for every request of a route); a request is its
-/// shape's index and its keys' indexes.
-pub(super) struct DecideCall<'a> {
-    keys: Vec<&'a str>,
-    key_indexes: HashMap<&'a str, usize, foldhash::fast::RandomState>,
-    shapes: Vec<&'a [BucketArguments]>,
-    /// Per request: its shape's index, then its keys' indexes (all 1-based, as Lua counts).
-    requests: Vec<usize>,
-    /// Buckets per request, to read the reply.
-    bucket_counts: Vec<usize>,
-}
-
-impl<'a> DecideCall<'a> {
-    pub(super) fn new() -> DecideCall<'a> {
-        DecideCall {
-            keys: Vec::new(),
-            key_indexes: HashMap::default(),
-            shapes: Vec::new(),
-            requests: Vec::new(),
-            bucket_counts: Vec::new(),
-        }
-    }
-
-    /// Adds a request: its buckets' keys and numbers, in the same order.
-    pub(super) fn push(
-        &mut self,
-        keys: impl IntoIterator<Item = &'a str>,
-        shape: &'a [BucketArguments],
-    ) {
-        let shape_index = match self.shapes.iter().position(|known| *known == shape) {
-            Some(index) => index,
-            None => {
-                self.shapes.push(shape);
-                self.shapes.len() - 1
-            }
-        };
-        self.requests.push(shape_index + 1);
-        let before = self.requests.len();
-        for key in keys {
-            let next = self.keys.len();
-            let index = *self.key_indexes.entry(key).or_insert(next);
-            if index == next {
-                self.keys.push(key);
-            }
-            self.requests.push(index + 1);
-        }
-        debug_assert_eq!(
-            self.requests.len() - before,
-            shape.len(),
-            "a key per bucket"
-        );
-        self.bucket_counts.push(shape.len());
-    }
-
-    /// The call, with its deadline in the server's time (microseconds; 0: none).
-    pub(super) fn command(&self, script: &Script, deadline: u64) -> redis::Cmd {
-        let key_bytes = self.keys.iter().map(|key| key.len()).sum::<usize>();
-        let shape_arguments = self
-            .shapes
-            .iter()
-            .map(|shape| 1 + 6 * shape.len())
-            .sum::<usize>();
-        let arguments = 5 + self.keys.len() + shape_arguments + self.requests.len();
-        // Sized up front: grown argument by argument, the buffers would be reallocated
-        // several times per call.
-        let mut command = redis::Cmd::with_capacity(arguments, 64 + key_bytes + 24 * arguments);
-        command
-            .arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(self.keys.len());
-        for key in &self.keys {
-            command.arg(*key);
-        }
-        command.arg(deadline);
-        command.arg(self.shapes.len());
-        for shape in &self.shapes {
-            command.arg(shape.len());
-            for bucket in shape.iter() {
-                command
-                    .arg(Number(bucket.capacity))
-                    .arg(Number(bucket.rate))
-                    .arg(Number(bucket.cost))
-                    .arg(u8::from(bucket.enforce))
-                    .arg(Number(bucket.factor))
-                    .arg(Number(bucket.min_capacity));
-            }
-        }
-        let mut index = itoa::Buffer::new();
-        for value in &self.requests {
-            command.arg(index.format(*value));
-        }
-        command
-    }
-
-    /// Reads the reply: the server's time, a byte (1: the call was late, and nothing follows);
-    /// then per request, a byte for admitted, then per bucket the tokens after (a
-    /// little-endian double) and a byte: 1 sufficient, 0 not, plus 2 when the adaptive
-    /// multiplier (a double) follows.
-    pub(super) fn parse_reply(&self, reply: &[u8]) -> Result<CallReply, StoreError> {
-        let malformed = || StoreError::Reply(format!("{reply:?}"));
-        let mut fields = ReplyReader(reply);
-        let server_time = fields.number().ok_or_else(malformed)?;
-        match fields.byte().ok_or_else(malformed)? {
-            0 => {}
-            1 if fields.0.is_empty() => {
-                return Ok(CallReply {
-                    server_time,
-                    requests: None,
-                })
-            }
-            _ => return Err(malformed()),
-        }
-        let mut parsed = Vec::with_capacity(self.bucket_counts.len());
-        for count in &self.bucket_counts {
-            let admitted = match fields.byte().ok_or_else(malformed)? {
-                flag @ 0..=1 => flag == 1,
-                _ => return Err(malformed()),
-            };
-            let mut buckets = Vec::with_capacity(*count);
-            for _ in 0..*count {
-                let tokens = fields.number().ok_or_else(malformed)?;
-                let (sufficient, multiplier) = match fields.byte().ok_or_else(malformed)? {
-                    flags @ 0..=1 => (flags == 1, 1.0),
-                    flags @ 2..=3 => (flags == 3, fields.number().ok_or_else(malformed)?),
-                    _ => return Err(malformed()),
-                };
-                buckets.push((tokens, sufficient, multiplier));
-            }
-            parsed.push(RequestReply { admitted, buckets });
-        }
-        if !fields.0.is_empty() {
-            return Err(malformed());
-        }
-        Ok(CallReply {
-            server_time,
-            requests: Some(parsed),
-        })
-    }
-}
-
-/// The reply of one `decide.lua` call.
-#[derive(Debug, PartialEq)]
-pub(super) struct CallReply {
-    /// The server's time when the call ran, in microseconds.
-    pub server_time: f64,
-    /// Per request, in the order pushed; `None` when the call ran after its deadline and
-    /// charged nothing.
-    pub requests: Option<Vec<RequestReply>>,
-}
-
-/// The unread rest of a reply.
-struct ReplyReader<'a>(&'a [u8]);
-
-impl ReplyReader<'_> {
-    fn byte(&mut self) -> Option<u8> {
-        let (first, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(*first)
-    }
-
-    fn number(&mut self) -> Option<f64> {
-        let (bytes, rest) = self.0.split_first_chunk::<8>()?;
-        self.0 = rest;
-        Some(f64::from_le_bytes(*bytes))
-    }
-}
-
 /// How long a call given up on is still listened to: a script that runs later is counted
 /// late (it charged nothing), and its reply keeps the server clock's estimate fresh.
 const LATE_LISTEN: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// The gateway's estimate of the Redis server's clock, from the latest reply: the server's
-/// `TIME` when the script ran, against the gateway's clock when the reply arrived. A deadline
-/// moved into the server's time by that offset is the last moment at which a script's reply
-/// still reaches the gateway in time (the reply's way back is in the offset).
-#[derive(Debug)]
-pub(super) struct ServerClock {
-    origin: std::time::Instant,
-    /// Server microseconds minus the gateway's microseconds since `origin`; `i64::MIN` until
-    /// the first reply.
-    offset: AtomicI64,
-}
-
-impl ServerClock {
-    pub(super) fn new() -> ServerClock {
-        ServerClock {
-            origin: clock::instant(),
-            offset: AtomicI64::new(i64::MIN),
-        }
-    }
-
-    fn micros(&self, at: std::time::Instant) -> i64 {
-        i64::try_from(at.saturating_duration_since(self.origin).as_micros()).unwrap_or(i64::MAX)
-    }
-
-    /// Notes a reply that arrived now, with the server's time when its script ran.
-    pub(super) fn observe(&self, server_time: f64) {
-        let offset = server_time as i64 - self.micros(clock::instant());
-        self.offset.store(offset, Ordering::Relaxed);
-    }
-
-    /// `deadline` in the server's time, in microseconds; 0 (none) before the first reply.
-    pub(super) fn deadline(&self, deadline: Instant) -> u64 {
-        let offset = self.offset.load(Ordering::Relaxed);
-        if offset == i64::MIN {
-            return 0;
-        }
-        u64::try_from(self.micros(deadline.into_std()).saturating_add(offset)).unwrap_or(0)
-    }
-}
 
 /// A decision waiting for its batch. Its keys travel with it and come back with the reply.
 struct Queued {
@@ -404,9 +156,6 @@ impl std::fmt::Debug for Batcher {
     }
 }
 
-/// Gathers queued decisions and sends them as one call whenever no call is out (or, for a
-/// batch of `SECOND_CALL_BATCH` or more, one is). Runs until the store, and with it the
-/// queue's sender, is dropped.
 /// What the sender reports to, and the server clock it keeps.
 struct Observers {
     sizes: Histogram,
@@ -414,6 +163,9 @@ struct Observers {
     server_clock: Arc<ServerClock>,
 }
 
+/// Gathers queued decisions and sends them as one call whenever no call is out (or, for a
+/// batch of `SECOND_CALL_BATCH` or more, one is). Runs until the store, and with it the
+/// queue's sender, is dropped.
 async fn send_batches(
     connection: ConnectionManager,
     script: Script,
@@ -555,140 +307,4 @@ fn read_reply(
         late.inc();
         StoreError::Timeout
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bucket(capacity: f64, cost: f64) -> BucketArguments {
-        BucketArguments {
-            capacity,
-            rate: 1.0,
-            cost,
-            enforce: true,
-            factor: 0.0,
-            min_capacity: 0.0,
-        }
-    }
-
-    fn arguments(command: &redis::Cmd) -> Vec<String> {
-        command
-            .args_iter()
-            .map(|argument| match argument {
-                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
-                _ => panic!("only simple arguments are sent"),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn keys_and_shapes_are_sent_once_each() {
-        let login = [bucket(5.0, 1.0), bucket(100.0, 2.5)];
-        let search = [bucket(5.0, 1.0)];
-        let mut call = DecideCall::new();
-        call.push(["per_ip:a", "global"], &login);
-        call.push(["per_ip:b", "global"], &login);
-        call.push(["per_ip:a"], &search);
-        let script = Script::new("return 1");
-        let sent = arguments(&call.command(&script, 1_700_000_000_000_000));
-        let expected = [
-            format!("EVALSHA {} 3 per_ip:a global per_ip:b", script.get_hash()),
-            // The call's deadline in the server's time.
-            "1700000000000000".to_owned(),
-            // Two shapes: login's two buckets, then search's one (capacity, rate, cost,
-            // enforce, factor, min_capacity).
-            "2 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0".to_owned(),
-            // Per request: its shape, then its keys.
-            "1 1 2 1 3 2 2 1".to_owned(),
-        ];
-        assert_eq!(sent.join(" "), expected.join(" "));
-    }
-
-    #[test]
-    fn replies_are_split_by_request_and_parsed_strictly() {
-        let two_buckets = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
-        let one_bucket = [bucket(5.0, 1.0)];
-        let mut call = DecideCall::new();
-        call.push(["a", "b"], &two_buckets);
-        call.push(["a"], &one_bucket);
-        let double = |value: f64| value.to_le_bytes().to_vec();
-        let reply: Vec<u8> = [
-            double(1.7e15),
-            vec![0],
-            vec![1],
-            double(4.5),
-            vec![1],
-            double(0.0),
-            vec![2],
-            double(0.5),
-            vec![0],
-            double(3.0),
-            vec![0],
-        ]
-        .concat();
-        assert_eq!(
-            call.parse_reply(&reply).unwrap(),
-            CallReply {
-                server_time: 1.7e15,
-                requests: Some(vec![
-                    RequestReply {
-                        admitted: true,
-                        buckets: vec![(4.5, true, 1.0), (0.0, false, 0.5)],
-                    },
-                    RequestReply {
-                        admitted: false,
-                        buckets: vec![(3.0, false, 1.0)],
-                    },
-                ]),
-            }
-        );
-        let late = [double(1.7e15), vec![1]].concat();
-        assert_eq!(
-            call.parse_reply(&late).unwrap(),
-            CallReply {
-                server_time: 1.7e15,
-                requests: None,
-            },
-            "a late call charged nothing and says no more"
-        );
-        assert!(call.parse_reply(&[&late[..], &[0]].concat()).is_err());
-        assert!(
-            call.parse_reply(&reply[..reply.len() - 1]).is_err(),
-            "too short"
-        );
-        assert!(
-            call.parse_reply(&[&reply[..], &[7]].concat()).is_err(),
-            "leftover bytes"
-        );
-        let mut bad_flag = reply.clone();
-        bad_flag[18] = 4;
-        assert!(call.parse_reply(&bad_flag).is_err(), "flags are 0 to 3");
-        bad_flag[18] = 2;
-        assert!(
-            call.parse_reply(&bad_flag).is_err(),
-            "a flag of 2 takes the next 8 bytes for a multiplier: the rest no longer fits"
-        );
-        let mut bad_admitted = reply.clone();
-        bad_admitted[9] = 2;
-        assert!(
-            call.parse_reply(&bad_admitted).is_err(),
-            "admitted is 0 or 1"
-        );
-    }
-
-    #[test]
-    fn deadlines_move_into_the_servers_time_once_a_reply_gave_its_clock() {
-        let clock = ServerClock::new();
-        let deadline = Instant::from_std(clock.origin) + std::time::Duration::from_millis(1500);
-        assert_eq!(clock.deadline(deadline), 0, "no estimate yet: no deadline");
-        // The server said 1e15 µs when the gateway's clock read about 0 µs since its origin.
-        clock.observe(1e15);
-        let moved = clock.deadline(deadline);
-        let expected = 1e15 as u64 + 1_500_000;
-        assert!(
-            moved <= expected && moved > expected - 1_000_000,
-            "{moved} against {expected}"
-        );
-    }
 }

@@ -5,7 +5,7 @@
 use futures_util::future::join_all;
 use redis::cluster_async::ClusterConnection;
 
-use super::batch::{BucketArguments, DecideCall, RequestReply, Shape};
+use super::decide_call::{BucketArguments, DecideCall, RequestReply, Shape};
 use super::keys::{group_by_slot, StoreKeys};
 use super::{Cluster, Connection, Number, RedisStore};
 use crate::limit::{BucketRequest, Charge, Decision, StoreError, Verdict, Verdicts};

@@ -310,24 +310,22 @@ async fn an_upgrade_on_hyper_s_client_also_skips_an_address_that_refuses_connect
     }
 }
 
+/// Sends raw `request` bytes and returns the test upstream's JSON view of what it received
+/// (the answer must be a 200).
+async fn upstream_view(gateway: std::net::SocketAddr, request: &[u8]) -> serde_json::Value {
+    let mut stream = TcpStream::connect(gateway).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let response = read_response(&mut stream, false).await;
+    assert_eq!(response.status(), 200, "{}", response.head);
+    serde_json::from_slice(&response.body).expect("the upstream's JSON view")
+}
+
 #[tokio::test]
 async fn an_h2c_upgrade_is_served_as_http1_without_its_upgrade_fields() {
     let upstream = start_upstream().await;
     let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
     let request = b"GET /h2c HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n";
-    let (head, mut stream) = raw_head(gateway.addresses[0], request).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let length: usize = head
-        .lines()
-        .find_map(|line| {
-            line.to_lowercase()
-                .strip_prefix("content-length:")
-                .map(|v| v.trim().parse().unwrap())
-        })
-        .expect("a length");
-    let mut body = vec![0; length];
-    stream.read_exact(&mut body).await.unwrap();
-    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let seen = upstream_view(gateway.addresses[0], request).await;
     let headers = seen["headers"]
         .as_object()
         .expect("the upstream's view of the headers");
@@ -683,23 +681,11 @@ async fn a_malformed_chunked_body_streamed_upstream_is_the_client_s_400() {
 async fn options_asterisk_is_forwarded_in_asterisk_form() {
     let upstream = start_upstream().await;
     let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
-    let (head, mut stream) = raw_head(
+    let seen = upstream_view(
         gateway.addresses[0],
         b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
     )
     .await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let length: usize = head
-        .lines()
-        .find_map(|line| {
-            line.to_lowercase()
-                .strip_prefix("content-length:")
-                .map(|value| value.trim().parse().unwrap())
-        })
-        .expect("a length");
-    let mut body = vec![0; length];
-    stream.read_exact(&mut body).await.unwrap();
-    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(seen["method"], "OPTIONS");
     assert_eq!(seen["uri"], "*", "not /*");
     let (refused, _) = raw_head(gateway.addresses[0], b"GET * HTTP/1.1\r\nHost: a\r\n\r\n").await;

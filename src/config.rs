@@ -92,6 +92,8 @@ pub struct RedisSettings {
     pub cluster: bool,
     /// A store call slower than this is a store failure.
     pub timeout: Duration,
+    /// How long one (re)connection to a node may take.
+    pub connect_timeout: Duration,
     /// Prepended to every key: `<prefix><limit>:<key>`.
     pub prefix: String,
     /// PEM roots for `rediss://`; `None`: the system's.

@@ -28,6 +28,7 @@ fn store_with_timeout(redis: &RedisServer, prefix: &str, timeout: Duration) -> R
         nodes: vec![redis.url()],
         cluster: false,
         timeout,
+        connect_timeout: Duration::from_secs(1),
         prefix: prefix.to_owned(),
         ca_file: None,
     };

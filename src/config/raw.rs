@@ -132,6 +132,7 @@ pub struct RawStore {
     pub url: Option<Spanned<String>>,
     pub cluster: Option<bool>,
     pub timeout: Option<HumanDuration>,
+    pub connect_timeout: Option<HumanDuration>,
     pub prefix: Option<String>,
     /// PEM roots to verify a `rediss://` server with (else the system's).
     pub ca_file: Option<String>,

@@ -15,10 +15,11 @@
 //! round trip.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use futures_util::future::join_all;
+use futures_util::future::{join_all, BoxFuture};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -34,6 +35,7 @@ use batch::Batcher;
 use decide_call::{BucketArguments, Shape};
 pub use keys::slot;
 use keys::{group_by_slot, StoreKeys};
+use server_clock::{LateCalls, ServerClock};
 
 use super::breaker::{Breaker, CircuitState};
 use super::clock::{self, Clock};
@@ -43,6 +45,9 @@ use super::{
     Verdicts,
 };
 use crate::config::RedisSettings;
+
+/// Slots of a Redis Cluster.
+const SLOTS: usize = 16384;
 
 /// How long a reply is waited for at most, a late one included.
 const LATE_REPLIES: Duration = Duration::from_secs(30);
@@ -67,15 +72,17 @@ pub struct RedisStore {
     connection: Connection,
     prefix: String,
     timeout: Duration,
-    decide: Script,
-    refund: Script,
-    outcome: Script,
+    decide: Arc<Script>,
+    refund: Arc<Script>,
+    outcome: Arc<Script>,
     breaker: Breaker,
     deny_cache: DenyCache,
     clock: Clock,
     deny_cache_refusals: AtomicU64,
     /// Decisions on a single node go out in batches.
     batcher: Batcher,
+    server_clock: Arc<ServerClock>,
+    late: LateCalls,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -106,8 +113,10 @@ impl RedisStore {
         };
         let connection = if settings.cluster {
             let mut builder = ClusterClient::builder(settings.nodes.clone())
-                .connection_timeout(settings.timeout.max(Duration::from_millis(250)))
-                .response_timeout(settings.timeout)
+                .connection_timeout(settings.connect_timeout)
+                // As on one node: the callers keep the store's timeout, and a late reply is
+                // still read.
+                .response_timeout(settings.timeout.max(LATE_REPLIES))
                 .retries(1);
             if roots.is_some() {
                 builder = builder.certs(certificates(roots.clone()));
@@ -128,7 +137,7 @@ impl RedisStore {
             }
             .map_err(|error| StoreError::Setup(error.to_string()))?;
             let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(settings.timeout.max(Duration::from_millis(250))))
+                .set_connection_timeout(Some(settings.connect_timeout))
                 // The store's timeout is kept by the callers (the batches' deadlines): a reply
                 // that comes after it is still read, to learn that its script ran late.
                 .set_response_timeout(Some(settings.timeout.max(LATE_REPLIES)))
@@ -138,18 +147,24 @@ impl RedisStore {
                 .map_err(|error| StoreError::Setup(error.to_string()))?;
             Connection::Single(manager)
         };
+        let slots = if settings.cluster { SLOTS } else { 1 };
         Ok(RedisStore {
             connection,
             prefix: settings.prefix.clone(),
             timeout: settings.timeout,
-            decide: Script::new(DECIDE),
-            refund: Script::new(REFUND),
-            outcome: Script::new(OUTCOME),
+            decide: Arc::new(Script::new(DECIDE)),
+            refund: Arc::new(Script::new(REFUND)),
+            outcome: Arc::new(Script::new(OUTCOME)),
             breaker: Breaker::new(clock.clone()),
             deny_cache: DenyCache::default(),
             clock,
             deny_cache_refusals: AtomicU64::new(0),
             batcher: Batcher::new(),
+            server_clock: Arc::new(ServerClock::new(slots)),
+            late: LateCalls::counted_by(
+                prometheus::IntCounter::new("late_calls", "Calls that ran late.")
+                    .expect("valid counter"),
+            ),
         })
     }
 
@@ -160,13 +175,14 @@ impl RedisStore {
         histogram: prometheus::Histogram,
         late: prometheus::IntCounter,
     ) -> RedisStore {
-        self.batcher = Batcher::observed_by(histogram, late);
+        self.batcher = Batcher::observed_by(histogram);
+        self.late = LateCalls::counted_by(late);
         self
     }
 
     /// Calls that ran after the gateway gave up on them and charged nothing.
     pub fn late_calls(&self) -> u64 {
-        self.batcher.late_calls()
+        self.late.get()
     }
 
     /// Requests refused by the deny cache without a store call.
@@ -260,10 +276,8 @@ impl RedisStore {
         let manager = match &self.connection {
             Connection::Single(manager) => manager,
             Connection::Cluster(_) => {
-                let decision =
-                    tokio::time::timeout_at(deadline, self.decide_across_slots(requests, &keys))
-                        .await
-                        .map_err(|_| StoreError::Timeout)??;
+                // Each call keeps the deadline itself, to be listened to after it.
+                let decision = self.decide_across_slots(requests, &keys, deadline).await?;
                 return Ok((keys, decision));
             }
         };
@@ -271,7 +285,13 @@ impl RedisStore {
         // The batcher keeps the deadline: no timer per request.
         let (keys, reply) = self
             .batcher
-            .decide(manager, &self.decide, keys, shape, deadline)
+            .decide(
+                (manager, self.decide.as_ref()),
+                (&self.server_clock, &self.late),
+                keys,
+                shape,
+                deadline,
+            )
             .await;
         let reply = reply?;
         let verdicts = requests
@@ -286,7 +306,8 @@ impl RedisStore {
     }
 
     /// Applies outcome charges and adaptive errors (`outcome.lua`, one call per slot);
-    /// returns whether each key tripped.
+    /// returns whether each key tripped. The calls carry their deadline in the server's time:
+    /// run after it, a charge by status must not land (the gateway gave up on it).
     pub async fn record_outcomes(
         &self,
         requests: &[OutcomeRequest<'_>],
@@ -297,24 +318,7 @@ impl RedisStore {
             Connection::Single(_) => vec![(0..requests.len()).collect::<Vec<usize>>()],
             Connection::Cluster(_) => group_by_slot(keys.iter()),
         };
-        // On one node, the calls carry their deadline in the server's time: run after it, a
-        // charge by status must not land (the gateway gave up on it).
-        let deadline = match &self.connection {
-            Connection::Single(_) => self
-                .batcher
-                .server_deadline(clock::deadline_in(self.timeout)),
-            Connection::Cluster(_) => 0,
-        };
-        let calls = join_all(
-            groups
-                .iter()
-                .map(|group| self.call_outcome(requests, &keys, group, deadline)),
-        );
-        let Ok(replies) = tokio::time::timeout(self.timeout, calls).await else {
-            call.failure();
-            return Err(StoreError::Timeout);
-        };
-        let replies = match replies.into_iter().collect::<Result<Vec<_>, _>>() {
+        let replies = match self.call_outcomes(requests, &keys, &groups).await {
             Ok(replies) => replies,
             Err(error) => {
                 call.failure();
@@ -322,11 +326,8 @@ impl RedisStore {
             }
         };
         call.success();
-        if replies
-            .iter()
-            .any(|reply| reply.first().is_some_and(|flag| flag == "late"))
-        {
-            self.batcher.count_late();
+        if replies.iter().any(|reply| is_late(reply)) {
+            self.late.count();
             return Err(StoreError::Timeout);
         }
         let mut tripped = vec![false; requests.len()];
@@ -341,88 +342,84 @@ impl RedisStore {
         Ok(tripped)
     }
 
-    async fn call_outcome(
+    /// One `outcome.lua` call per group, all at once, within the timeout; calls given up on
+    /// are listened to, to count those that ran late.
+    async fn call_outcomes(
         &self,
         requests: &[OutcomeRequest<'_>],
         keys: &StoreKeys,
-        group: &[usize],
-        deadline: u64,
-    ) -> Result<Vec<String>, StoreError> {
-        self.run_script(
-            &self.outcome,
-            keys,
-            group,
-            Some(deadline),
-            |command, position| {
-                let request = &requests[group[position]];
-                let charge = &request.charge;
-                let adaptive = request.adaptive.unwrap_or(AdaptiveParams {
-                    threshold: 1,
-                    window: 0.0,
-                    factor: 0.0,
-                    min_capacity: 0.0,
-                    hold: 0.0,
+        groups: &[Vec<usize>],
+    ) -> Result<Vec<Vec<String>>, StoreError> {
+        let deadline = clock::deadline_in(self.timeout);
+        let calls = async {
+            let mut calls = Vec::with_capacity(groups.len());
+            for group in groups {
+                let slot = self.clock_slot(keys, group);
+                let server_deadline = self.server_clock.deadline(slot, deadline);
+                let command =
+                    outcome_command(&self.outcome, requests, keys, group, server_deadline);
+                calls.push(
+                    self.owned_call::<Vec<String>>(&self.outcome, command)
+                        .await?,
+                );
+            }
+            Ok::<_, StoreError>(Box::pin(join_all(calls)))
+        };
+        let mut calls = tokio::time::timeout_at(deadline, calls)
+            .await
+            .map_err(|_| StoreError::Timeout)??;
+        match tokio::time::timeout_at(deadline, calls.as_mut()).await {
+            Ok(replies) => replies
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|error| StoreError::Redis(error.to_string())),
+            Err(_) => {
+                self.late.listen(async move { Ok(calls.await) }, |replies| {
+                    replies.iter().flatten().any(|reply| is_late(reply))
                 });
-                command
-                    .arg(Number(charge.capacity))
-                    .arg(Number(charge.rate))
-                    .arg(Number(charge.cost))
-                    .arg(if request.error { 1 } else { 0 })
-                    .arg(adaptive.threshold)
-                    .arg((adaptive.window * 1e6).round() as i64)
-                    .arg(Number(adaptive.factor))
-                    .arg(Number(adaptive.min_capacity))
-                    .arg((adaptive.hold * 1e6).round() as i64);
-            },
-        )
-        .await
+                Err(StoreError::Timeout)
+            }
+        }
     }
 
-    /// Runs `script` by its hash over the keys `group` selects, with the arguments `args`
-    /// writes for each (given its position in `group`), all in one command buffer: the
-    /// script-invocation type would allocate a vector per argument.
-    async fn run_script<T: redis::FromRedisValue>(
+    /// The slot whose server's clock a call over `group` of `keys` reads (0 on a single node).
+    fn clock_slot(&self, keys: &StoreKeys, group: &[usize]) -> u16 {
+        match (&self.connection, group.first()) {
+            (Connection::Cluster(_), Some(first)) => slot(keys[*first].as_bytes()),
+            _ => 0,
+        }
+    }
+
+    /// A call of `script` that owns what it needs, so that it can be listened to after the
+    /// gateway gave up on it.
+    async fn owned_call<T: redis::FromRedisValue + Send + 'static>(
         &self,
-        script: &Script,
-        keys: &StoreKeys,
-        group: &[usize],
-        deadline: Option<u64>,
-        mut args: impl FnMut(&mut redis::Cmd, usize),
-    ) -> Result<T, StoreError> {
-        // Sized up front: grown argument by argument, the buffers would be reallocated several
-        // times per call. Each bucket has its key and at most 9 numbers.
-        let data = group
-            .iter()
-            .map(|index| keys[*index].len() + 9 * 24)
-            .sum::<usize>();
-        let mut command = redis::Cmd::with_capacity(2 + 10 * group.len(), 64 + data);
-        command
-            .arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(group.len());
-        for index in group {
-            command.arg(&keys[*index]);
-        }
-        if let Some(deadline) = deadline {
-            command.arg(deadline);
-        }
-        for position in 0..group.len() {
-            args(&mut command, position);
-        }
-        self.send(script, &command).await
+        script: &Arc<Script>,
+        command: redis::Cmd,
+    ) -> Result<BoxFuture<'static, redis::RedisResult<T>>, StoreError> {
+        let script = script.clone();
+        Ok(match &self.connection {
+            Connection::Single(manager) => {
+                let mut connection = manager.clone();
+                Box::pin(async move { evaluate(&script, &command, &mut connection).await })
+            }
+            Connection::Cluster(_) => {
+                let mut connection = self.cluster().await?;
+                Box::pin(async move { evaluate(&script, &command, &mut connection).await })
+            }
+        })
     }
 
     /// Sends a script's call to the node, or to the Cluster (which routes it by its keys).
-    async fn send<T: redis::FromRedisValue>(
+    async fn send<T: redis::FromRedisValue + Send + 'static>(
         &self,
-        script: &Script,
-        command: &redis::Cmd,
+        script: &Arc<Script>,
+        command: redis::Cmd,
     ) -> Result<T, StoreError> {
-        let result = match &self.connection {
-            Connection::Single(manager) => evaluate(script, command, &mut manager.clone()).await,
-            Connection::Cluster(_) => evaluate(script, command, &mut self.cluster().await?).await,
-        };
-        result.map_err(|error| StoreError::Redis(error.to_string()))
+        self.owned_call(script, command)
+            .await?
+            .await
+            .map_err(|error| StoreError::Redis(error.to_string()))
     }
 
     /// While the circuit is open, asks Redis for a PING (which also reconnects a broken
@@ -453,6 +450,75 @@ impl RedisStore {
             .await
             .unwrap_or(false)
     }
+}
+
+/// Calls `script` by its hash over the keys `group` selects, with its deadline if it takes
+/// one, then the arguments `args` writes for each key (given its position in `group`), all in
+/// one command buffer: the script-invocation type would allocate a vector per argument.
+fn script_command(
+    script: &Script,
+    keys: &StoreKeys,
+    group: &[usize],
+    deadline: Option<u64>,
+    mut args: impl FnMut(&mut redis::Cmd, usize),
+) -> redis::Cmd {
+    // Sized up front: grown argument by argument, the buffers would be reallocated several
+    // times per call. Each bucket has its key and at most 9 numbers.
+    let data = group
+        .iter()
+        .map(|index| keys[*index].len() + 9 * 24)
+        .sum::<usize>();
+    let mut command = redis::Cmd::with_capacity(2 + 10 * group.len(), 64 + data);
+    command
+        .arg("EVALSHA")
+        .arg(script.get_hash())
+        .arg(group.len());
+    for index in group {
+        command.arg(&keys[*index]);
+    }
+    if let Some(deadline) = deadline {
+        command.arg(deadline);
+    }
+    for position in 0..group.len() {
+        args(&mut command, position);
+    }
+    command
+}
+
+/// An `outcome.lua` call for the requests `group` selects.
+fn outcome_command(
+    script: &Script,
+    requests: &[OutcomeRequest<'_>],
+    keys: &StoreKeys,
+    group: &[usize],
+    deadline: u64,
+) -> redis::Cmd {
+    script_command(script, keys, group, Some(deadline), |command, position| {
+        let request = &requests[group[position]];
+        let charge = &request.charge;
+        let adaptive = request.adaptive.unwrap_or(AdaptiveParams {
+            threshold: 1,
+            window: 0.0,
+            factor: 0.0,
+            min_capacity: 0.0,
+            hold: 0.0,
+        });
+        command
+            .arg(Number(charge.capacity))
+            .arg(Number(charge.rate))
+            .arg(Number(charge.cost))
+            .arg(if request.error { 1 } else { 0 })
+            .arg(adaptive.threshold)
+            .arg((adaptive.window * 1e6).round() as i64)
+            .arg(Number(adaptive.factor))
+            .arg(Number(adaptive.min_capacity))
+            .arg((adaptive.hold * 1e6).round() as i64);
+    })
+}
+
+/// Whether an `outcome.lua` reply says the call came after its deadline.
+fn is_late(reply: &[String]) -> bool {
+    reply.first().is_some_and(|flag| flag == "late")
 }
 
 /// Sends a script's `EVALSHA`; on NOSCRIPT (the first call, or Redis restarted or flushed its

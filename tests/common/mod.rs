@@ -1,5 +1,6 @@
 //! Helpers for end-to-end tests: a test upstream, a gateway on ephemeral ports, clients.
 #![allow(dead_code, unreachable_pub)]
+#![allow(clippy::disallowed_methods)] // tests measure real time
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -501,4 +502,13 @@ pub fn metric(scrape: &str, series: &str) -> f64 {
                 .and_then(|rest| rest.trim().parse().ok())
         })
         .unwrap_or_else(|| panic!("no series {series} in:\n{scrape}"))
+}
+
+/// Polls `done` every 10 ms for up to 20 s.
+pub async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

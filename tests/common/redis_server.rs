@@ -136,20 +136,30 @@ impl Drop for RedisServer {
     }
 }
 
-/// Three masters forming a Redis Cluster (no replicas).
+/// `redis-server`s forming a Redis Cluster.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
+    /// Three masters, no replicas.
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3)
+        RedisCluster::start_with(0, "5000")
+    }
+
+    /// Three masters, each with `replicas` replicas; a master unreachable for `node_timeout`
+    /// milliseconds is failed over.
+    pub fn start_with(replicas: usize, node_timeout: &str) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 RedisServer::start_with(&[
                     "--cluster-enabled",
                     "yes",
                     "--cluster-node-timeout",
-                    "5000",
+                    node_timeout,
+                    // A replica fails over however long ago it heard from its master.
+                    "--cluster-replica-validity-factor",
+                    "0",
                 ])
             })
             .collect();
@@ -160,7 +170,7 @@ impl RedisCluster {
         let output = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
         assert!(
@@ -168,17 +178,101 @@ impl RedisCluster {
             "cluster create: {}",
             String::from_utf8_lossy(&output.stdout)
         );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_until_ok(|_| true);
+        cluster
+    }
+
+    /// Waits until `master` has a replica and every replica of it has all it wrote.
+    pub fn wait_replicated(&self, master: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let info = self.nodes[master].cli(&["INFO", "replication"]);
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|line| line.strip_prefix(name))
+                    .map(|value| value.trim().to_owned())
+            };
+            let written = field("master_repl_offset:");
+            let replicas: Vec<&str> = info
+                .lines()
+                .filter(|line| line.starts_with("slave") && line.contains(":ip="))
+                .collect();
+            let caught_up = !replicas.is_empty()
+                && replicas.iter().all(|replica| {
+                    replica.contains("state=online")
+                        && written
+                            .as_deref()
+                            .is_some_and(|written| replica.contains(&format!("offset={written},")))
+                });
+            if caught_up {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replicas did not catch up: {info}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until every running node reports the cluster healthy and `also` holds.
+    pub fn wait_until_ok(&self, mut also: impl FnMut(&RedisCluster) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if nodes
-                .iter()
+            if self
+                .running()
                 .all(|node| node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+                && also(self)
             {
-                return RedisCluster { nodes };
+                return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("cluster did not become ready");
+        let view = self.running().next().expect("a running node");
+        panic!(
+            "cluster did not become ready: {}{}",
+            view.cli(&["CLUSTER", "INFO"]),
+            view.cli(&["CLUSTER", "NODES"])
+        );
+    }
+
+    fn running(&self) -> impl Iterator<Item = &RedisServer> {
+        self.nodes.iter().filter(|node| node.child.is_some())
+    }
+
+    /// The node serving `slot` as a master, as a running node sees it.
+    pub fn master_of(&self, slot: u16) -> usize {
+        self.serving(slot)
+            .unwrap_or_else(|| panic!("no master serves slot {slot}"))
+    }
+
+    /// The node serving `slot` as a master, if one not suspected of failing does.
+    pub fn serving(&self, slot: u16) -> Option<usize> {
+        let view = self.running().next().expect("a running node");
+        let nodes = view.cli(&["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let serves = fields[8..].iter().any(|range| {
+                let (low, high) = range.split_once('-').unwrap_or((range, range));
+                match (low.parse::<u16>(), high.parse::<u16>()) {
+                    (Ok(low), Ok(high)) => (low..=high).contains(&slot),
+                    _ => false,
+                }
+            });
+            if serves {
+                let port: u16 = fields[1]
+                    .split(['@', ':'])
+                    .nth(1)
+                    .and_then(|port| port.parse().ok())
+                    .expect("a node's port");
+                return self.nodes.iter().position(|node| node.port == port);
+            }
+        }
+        None
     }
 
     pub fn url(&self) -> String {

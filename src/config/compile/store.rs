@@ -62,6 +62,14 @@ pub(super) fn compile_store(
             if timeout.is_zero() {
                 errors.at(span.clone(), "store.timeout", "must be longer than zero");
             }
+            let connect_timeout = duration_or(raw.connect_timeout, Duration::from_secs(1));
+            if connect_timeout.is_zero() {
+                errors.at(
+                    span.clone(),
+                    "store.connect_timeout",
+                    "must be longer than zero",
+                );
+            }
             match &raw.url {
                 None => {
                     errors.at(
@@ -76,6 +84,7 @@ pub(super) fn compile_store(
                         nodes,
                         cluster,
                         timeout,
+                        connect_timeout,
                         prefix: raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned()),
                         ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
                     }),
@@ -163,7 +172,22 @@ mod tests {
         assert_eq!(settings.nodes, ["redis://10.0.0.5:6380/2"]);
         assert!(!settings.cluster);
         assert_eq!(settings.timeout, Duration::from_millis(50));
+        assert_eq!(settings.connect_timeout, Duration::from_secs(1));
         assert_eq!(settings.prefix, "tollgate:");
+        let bounded = policy(&format!(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://h:1\"\nconnect_timeout = \"250ms\"\n{SECRET}"
+        ));
+        assert_eq!(
+            bounded.store.redis.unwrap().connect_timeout,
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            error(&format!(
+                "[store]\nbackend = \"redis\"\nurl = \"redis://h:1\"\nconnect_timeout = \"0s\"\n{SECRET}"
+            ))
+            .0,
+            "store.connect_timeout"
+        );
 
         assert_eq!(
             error(&format!("[store]\nbackend = \"redis\"\n{SECRET}")).0,

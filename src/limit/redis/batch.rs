@@ -17,14 +17,14 @@
 use std::sync::{Arc, OnceLock};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use prometheus::{Histogram, HistogramOpts, IntCounter};
+use prometheus::{Histogram, HistogramOpts};
 use redis::aio::ConnectionManager;
 use redis::Script;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::decide_call::{CallReply, DecideCall, ReplyReader, RequestReply, Shape};
-use super::server_clock::ServerClock;
+use super::server_clock::{LateCalls, ServerClock};
 use super::{evaluate, StoreKeys};
 use crate::limit::StoreError;
 
@@ -40,10 +40,6 @@ const BATCH_LIMIT: usize = 64;
 const CALLS_IN_FLIGHT: usize = 2;
 const SECOND_CALL_BATCH: usize = 8;
 
-/// How long a call given up on is still listened to: a script that runs later is counted
-/// late (it charged nothing), and its reply keeps the server clock's estimate fresh.
-const LATE_LISTEN: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// A decision waiting for its batch. Its keys travel with it and come back with the reply.
 struct Queued {
     keys: StoreKeys,
@@ -58,9 +54,6 @@ pub(super) struct Batcher {
     queue: OnceLock<mpsc::UnboundedSender<Queued>>,
     /// Requests per call: the gateway's metric, or one of the batcher's own.
     sizes: Histogram,
-    /// Calls whose script ran after the gateway gave up on them, and charged nothing.
-    late: IntCounter,
-    server_clock: Arc<ServerClock>,
 }
 
 impl Batcher {
@@ -71,40 +64,23 @@ impl Batcher {
             "Requests decided per call.",
         ))
         .expect("valid histogram");
-        let late = IntCounter::new("late_calls", "Calls that ran late.").expect("valid counter");
-        Batcher::observed_by(sizes, late)
+        Batcher::observed_by(sizes)
     }
 
-    pub(super) fn observed_by(sizes: Histogram, late: IntCounter) -> Batcher {
+    pub(super) fn observed_by(sizes: Histogram) -> Batcher {
         Batcher {
             queue: OnceLock::new(),
             sizes,
-            late,
-            server_clock: Arc::new(ServerClock::new()),
         }
     }
 
-    /// `deadline` in the server's time (0 before the first reply), for the store's other calls.
-    pub(super) fn server_deadline(&self, deadline: Instant) -> u64 {
-        self.server_clock.deadline(deadline)
-    }
-
-    /// Counts a call of the store's that ran after its deadline.
-    pub(super) fn count_late(&self) {
-        self.late.inc();
-    }
-
-    /// Calls that ran after their deadline and charged nothing, counted so far.
-    pub(super) fn late_calls(&self) -> u64 {
-        self.late.get()
-    }
-
     /// Decides one request in the next batch; gives its keys back with the reply, which is a
-    /// timeout if it is not there by `deadline`.
+    /// timeout if it is not there by `deadline`. The first call starts the sender, which
+    /// keeps `server_clock` and counts late calls in `late`.
     pub(super) async fn decide(
         &self,
-        connection: &ConnectionManager,
-        script: &Script,
+        (connection, script): (&ConnectionManager, &Script),
+        (server_clock, late): (&Arc<ServerClock>, &LateCalls),
         keys: StoreKeys,
         shape: Shape,
         deadline: Instant,
@@ -117,8 +93,8 @@ impl Batcher {
                 receiver,
                 Observers {
                     sizes: self.sizes.clone(),
-                    late: self.late.clone(),
-                    server_clock: self.server_clock.clone(),
+                    late: late.clone(),
+                    server_clock: server_clock.clone(),
                 },
             ));
             sender
@@ -159,7 +135,7 @@ impl std::fmt::Debug for Batcher {
 /// What the sender reports to, and the server clock it keeps.
 struct Observers {
     sizes: Histogram,
-    late: IntCounter,
+    late: LateCalls,
     server_clock: Arc<ServerClock>,
 }
 
@@ -236,35 +212,23 @@ async fn call(
     let Some(deadline) = batch.iter().map(|queued| queued.deadline).min() else {
         return;
     };
-    let command = decide.command(script, observers.server_clock.deadline(deadline));
-    let (script, server_clock, late) = (
-        script.clone(),
-        observers.server_clock.clone(),
-        observers.late.clone(),
-    );
+    let command = decide.command(script, observers.server_clock.deadline(0, deadline));
+    let script = script.clone();
     let mut connection = connection;
     // Owns what it needs, so that a call given up on can go on being listened to in a task
     // of its own (spawned only then: a task per call cost the usual call more than a box).
-    let mut evaluated = Box::pin(async move {
-        let reply = evaluate::<Vec<u8>>(&script, &command, &mut connection).await;
-        reply.map(|reply| (reply, server_clock, late))
-    });
+    let mut evaluated =
+        Box::pin(async move { evaluate::<Vec<u8>>(&script, &command, &mut connection).await });
     let replies = match tokio::time::timeout_at(deadline, evaluated.as_mut()).await {
-        Ok(Ok((reply, server_clock, late))) => read_reply(&decide, &reply, &server_clock, &late),
+        Ok(Ok(reply)) => read_reply(&decide, &reply, &observers.server_clock, &observers.late),
         Ok(Err(error)) => Err(StoreError::Redis(error.to_string())),
         Err(_) => {
-            // Given up on: listened to, for a while, in the background.
-            tokio::spawn(async move {
-                if let Ok(Ok((reply, server_clock, late))) =
-                    tokio::time::timeout(LATE_LISTEN, evaluated).await
-                {
-                    if let Some((server_time, was_late)) = reply_header(&reply) {
-                        server_clock.observe(server_time);
-                        if was_late {
-                            late.inc();
-                        }
-                    }
-                }
+            let server_clock = observers.server_clock.clone();
+            observers.late.listen(evaluated, move |reply| {
+                reply_header(&reply).is_some_and(|(server_time, late)| {
+                    server_clock.observe(0, server_time);
+                    late
+                })
             });
             Err(StoreError::Timeout)
         }
@@ -283,8 +247,8 @@ async fn call(
     }
 }
 
-/// The server's time and whether the call was late, from the start of a reply.
-fn reply_header(reply: &[u8]) -> Option<(f64, bool)> {
+/// The server's time and whether the call ran late, from the start of a decision's reply.
+pub(super) fn reply_header(reply: &[u8]) -> Option<(f64, bool)> {
     let mut fields = ReplyReader(reply);
     let server_time = fields.number()?;
     Some((server_time, fields.byte()? == 1))
@@ -296,15 +260,15 @@ fn read_reply(
     decide: &DecideCall<'_>,
     reply: &[u8],
     server_clock: &ServerClock,
-    late: &IntCounter,
+    late: &LateCalls,
 ) -> Result<Vec<RequestReply>, StoreError> {
     let CallReply {
         server_time,
         requests,
     } = decide.parse_reply(reply)?;
-    server_clock.observe(server_time);
+    server_clock.observe(0, server_time);
     requests.ok_or_else(|| {
-        late.inc();
+        late.count();
         StoreError::Timeout
     })
 }

@@ -5,24 +5,29 @@
 use futures_util::future::join_all;
 use redis::cluster_async::ClusterConnection;
 
+use tokio::time::Instant;
+
+use super::batch::reply_header;
 use super::decide_call::{BucketArguments, DecideCall, RequestReply, Shape};
 use super::keys::{group_by_slot, StoreKeys};
-use super::{Cluster, Connection, Number, RedisStore};
+use super::{script_command, Cluster, Connection, Number, RedisStore};
 use crate::limit::{BucketRequest, Charge, Decision, StoreError, Verdict, Verdicts};
 
 impl RedisStore {
     /// A Cluster's decision: one call per slot that the request's buckets live in, all at
-    /// once; if a slot refuses, what the others charged is given back.
+    /// once, each given up on at `deadline`; if a slot refuses, what the others charged is
+    /// given back.
     pub(super) async fn decide_across_slots(
         &self,
         requests: &[BucketRequest<'_>],
         keys: &StoreKeys,
+        deadline: Instant,
     ) -> Result<Decision, StoreError> {
         let groups = group_by_slot(keys.iter());
         let replies = join_all(
             groups
                 .iter()
-                .map(|group| self.call_decide(requests, keys, group)),
+                .map(|group| self.call_decide(requests, keys, group, deadline)),
         )
         .await;
         let mut verdicts: Verdicts = smallvec::smallvec![Verdict::unobserved(); requests.len()];
@@ -49,7 +54,12 @@ impl RedisStore {
                     .collect();
                 self.call_refund(keys, charged)
             });
-            for result in join_all(refunds).await {
+            // A refund gives back a charge that did happen: it carries no deadline, and one
+            // that runs late is still right.
+            let refunds = tokio::time::timeout_at(deadline, join_all(refunds))
+                .await
+                .map_err(|_| StoreError::Timeout)?;
+            for result in refunds {
                 result?;
             }
             for group in charged_groups {
@@ -65,12 +75,14 @@ impl RedisStore {
         Ok(Decision::new(admitted, verdicts))
     }
 
-    /// One slot's buckets of one request, decided by a call of their own.
+    /// One slot's buckets of one request, decided by a call of their own, which carries
+    /// `deadline` in the time of the slot's node. Given up on, it is listened to for a while.
     async fn call_decide(
         &self,
         requests: &[BucketRequest<'_>],
         keys: &StoreKeys,
         group: &[usize],
+        deadline: Instant,
     ) -> Result<RequestReply, StoreError> {
         let shape: Shape = group
             .iter()
@@ -78,14 +90,31 @@ impl RedisStore {
             .collect();
         let mut call = DecideCall::new();
         call.push(group.iter().map(|index| &keys[*index]), &shape);
-        // No deadline yet: each node of a Cluster has a clock of its own to estimate.
-        let reply: Vec<u8> = self
-            .send(&self.decide, &call.command(&self.decide, 0))
-            .await?;
-        let mut replies = call
-            .parse_reply(&reply)?
-            .requests
-            .ok_or(StoreError::Timeout)?;
+        let slot = self.clock_slot(keys, group);
+        let command = call.command(&self.decide, self.server_clock.deadline(slot, deadline));
+        let mut evaluated =
+            tokio::time::timeout_at(deadline, self.owned_call::<Vec<u8>>(&self.decide, command))
+                .await
+                .map_err(|_| StoreError::Timeout)??;
+        let reply = match tokio::time::timeout_at(deadline, evaluated.as_mut()).await {
+            Ok(reply) => reply.map_err(|error| StoreError::Redis(error.to_string()))?,
+            Err(_) => {
+                let server_clock = self.server_clock.clone();
+                self.late.listen(evaluated, move |reply| {
+                    reply_header(&reply).is_some_and(|(server_time, late)| {
+                        server_clock.observe(slot, server_time);
+                        late
+                    })
+                });
+                return Err(StoreError::Timeout);
+            }
+        };
+        let parsed = call.parse_reply(&reply)?;
+        self.server_clock.observe(slot, parsed.server_time);
+        let mut replies = parsed.requests.ok_or_else(|| {
+            self.late.count();
+            StoreError::Timeout
+        })?;
         replies
             .pop()
             .ok_or_else(|| StoreError::Reply("an empty script reply".to_owned()))
@@ -101,15 +130,14 @@ impl RedisStore {
             return Ok(());
         }
         let group: Vec<usize> = charged.iter().map(|(index, _)| *index).collect();
-        let _: i64 = self
-            .run_script(&self.refund, keys, &group, None, |command, position| {
-                let charge = &charged[position].1;
-                command
-                    .arg(Number(charge.capacity))
-                    .arg(Number(charge.rate))
-                    .arg(Number(charge.cost));
-            })
-            .await?;
+        let command = script_command(&self.refund, keys, &group, None, |command, position| {
+            let charge = &charged[position].1;
+            command
+                .arg(Number(charge.capacity))
+                .arg(Number(charge.rate))
+                .arg(Number(charge.cost));
+        });
+        let _: i64 = self.send(&self.refund, command).await?;
         Ok(())
     }
 

@@ -1,29 +1,45 @@
-//! The Redis server's clock as the gateway estimates it, so that a call can carry its deadline
-//! in the server's time.
+//! The Redis servers' clocks as the gateway estimates them, so that a call can carry its
+//! deadline in the server's time, and the calls that ran after it (charging nothing).
 
+use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use crate::limit::clock;
 
-/// The gateway's estimate of the Redis server's clock, from the latest reply: the server's
-/// `TIME` when the script ran, against the gateway's clock when the reply arrived. A deadline
-/// moved into the server's time by that offset is the last moment at which a script's reply
-/// still reaches the gateway in time (the reply's way back is in the offset).
+/// How long a call given up on is still listened to: a script that runs later is counted
+/// late (it charged nothing), and its reply keeps the clock's estimate fresh.
+const LATE_LISTEN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Unknown offset.
+const NONE: i64 = i64::MIN;
+
+/// The gateway's estimate of a server's clock, from the latest reply: the server's `TIME`
+/// when the script ran, against the gateway's clock when the reply arrived. A deadline moved
+/// into the server's time by that offset is the last moment at which a script's reply still
+/// reaches the gateway in time (the reply's way back is in the offset).
+///
+/// A Cluster's nodes each have a clock: an estimate is kept per slot (a slot's calls go to one
+/// node, and follow it when the slot moves), and a slot not yet called borrows the latest
+/// estimate of any node (nodes' clocks agree as far as their NTP does).
 #[derive(Debug)]
 pub(crate) struct ServerClock {
     origin: std::time::Instant,
-    /// Server microseconds minus the gateway's microseconds since `origin`; `i64::MIN` until
-    /// the first reply.
-    offset: AtomicI64,
+    /// Per slot (one for a single node): server microseconds minus the gateway's microseconds
+    /// since `origin`.
+    offsets: Box<[AtomicI64]>,
+    latest: AtomicI64,
 }
 
 impl ServerClock {
-    pub(crate) fn new() -> ServerClock {
+    /// For a single node (`slots` = 1) or a Cluster (16384).
+    pub(crate) fn new(slots: usize) -> ServerClock {
         ServerClock {
             origin: clock::instant(),
-            offset: AtomicI64::new(i64::MIN),
+            offsets: (0..slots.max(1)).map(|_| AtomicI64::new(NONE)).collect(),
+            latest: AtomicI64::new(NONE),
         }
     }
 
@@ -31,19 +47,63 @@ impl ServerClock {
         i64::try_from(at.saturating_duration_since(self.origin).as_micros()).unwrap_or(i64::MAX)
     }
 
-    /// Notes a reply that arrived now, with the server's time when its script ran.
-    pub(crate) fn observe(&self, server_time: f64) {
-        let offset = server_time as i64 - self.micros(clock::instant());
-        self.offset.store(offset, Ordering::Relaxed);
+    fn slot(&self, slot: u16) -> &AtomicI64 {
+        &self.offsets[usize::from(slot) % self.offsets.len()]
     }
 
-    /// `deadline` in the server's time, in microseconds; 0 (none) before the first reply.
-    pub(crate) fn deadline(&self, deadline: Instant) -> u64 {
-        let offset = self.offset.load(Ordering::Relaxed);
-        if offset == i64::MIN {
+    /// Notes a reply from `slot`'s node that arrived now, with the server's time when its
+    /// script ran.
+    pub(crate) fn observe(&self, slot: u16, server_time: f64) {
+        let offset = server_time as i64 - self.micros(clock::instant());
+        self.slot(slot).store(offset, Ordering::Relaxed);
+        self.latest.store(offset, Ordering::Relaxed);
+    }
+
+    /// `deadline` in the time of `slot`'s server, in microseconds; 0 (none) before any reply.
+    pub(crate) fn deadline(&self, slot: u16, deadline: Instant) -> u64 {
+        let offset = match self.slot(slot).load(Ordering::Relaxed) {
+            NONE => self.latest.load(Ordering::Relaxed),
+            known => known,
+        };
+        if offset == NONE {
             return 0;
         }
         u64::try_from(self.micros(deadline.into_std()).saturating_add(offset)).unwrap_or(0)
+    }
+}
+
+/// Calls whose script ran after the gateway gave up on them, and charged nothing.
+#[derive(Debug, Clone)]
+pub(crate) struct LateCalls(IntCounter);
+
+impl LateCalls {
+    pub(crate) fn counted_by(counter: IntCounter) -> LateCalls {
+        LateCalls(counter)
+    }
+
+    pub(crate) fn count(&self) {
+        self.0.inc();
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.0.get()
+    }
+
+    /// Goes on listening, for a while and in a task of its own, to a call the gateway gave up
+    /// on; `read` notes what its reply says and whether it ran late, which is then counted.
+    pub(crate) fn listen<T: Send + 'static>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>> + Send + 'static,
+        read: impl FnOnce(T) -> bool + Send + 'static,
+    ) {
+        let late = self.clone();
+        tokio::spawn(async move {
+            if let Ok(Ok(reply)) = tokio::time::timeout(LATE_LISTEN, call).await {
+                if read(reply) {
+                    late.count();
+                }
+            }
+        });
     }
 }
 
@@ -51,18 +111,44 @@ impl ServerClock {
 mod tests {
     use super::*;
 
+    fn at(clock: &ServerClock, millis: u64) -> Instant {
+        Instant::from_std(clock.origin) + std::time::Duration::from_millis(millis)
+    }
+
     #[test]
     fn deadlines_move_into_the_servers_time_once_a_reply_gave_its_clock() {
-        let clock = ServerClock::new();
-        let deadline = Instant::from_std(clock.origin) + std::time::Duration::from_millis(1500);
-        assert_eq!(clock.deadline(deadline), 0, "no estimate yet: no deadline");
+        let clock = ServerClock::new(1);
+        let deadline = at(&clock, 1500);
+        assert_eq!(
+            clock.deadline(0, deadline),
+            0,
+            "no estimate yet: no deadline"
+        );
         // The server said 1e15 µs when the gateway's clock read about 0 µs since its origin.
-        clock.observe(1e15);
-        let moved = clock.deadline(deadline);
+        clock.observe(0, 1e15);
+        let moved = clock.deadline(0, deadline);
         let expected = 1e15 as u64 + 1_500_000;
         assert!(
             moved <= expected && moved > expected - 1_000_000,
             "{moved} against {expected}"
+        );
+    }
+
+    #[test]
+    fn each_slot_keeps_its_nodes_clock_and_an_unknown_slot_borrows_the_latest() {
+        let clock = ServerClock::new(16384);
+        let deadline = at(&clock, 0);
+        clock.observe(7, 1e15);
+        clock.observe(9000, 2e15);
+        let near = |moved: u64, server: f64| {
+            let expected = server as u64;
+            moved <= expected && moved > expected - 1_000_000
+        };
+        assert!(near(clock.deadline(7, deadline), 1e15));
+        assert!(near(clock.deadline(9000, deadline), 2e15));
+        assert!(
+            near(clock.deadline(100, deadline), 2e15),
+            "the latest estimate"
         );
     }
 }

@@ -42,6 +42,35 @@ on_store_failure = "deny"
 /// reconnect (500 ms), and room for a loaded machine.
 const LONGEST: Duration = Duration::from_secs(3);
 
+/// A gateway with `policy` on the store at `url`, in front of an upstream of its own; both
+/// live as long as this does.
+struct Setup {
+    gateway: tollgate::Tollgate,
+    client: HttpClient,
+    admin: HttpClient,
+    _upstream: Upstream,
+}
+
+async fn gateway_on(policy: &str, url: &str) -> Setup {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&policy.replace("REDIS", url), upstream.address).await;
+    Setup {
+        client: HttpClient::new(gateway.addresses[0]),
+        admin: HttpClient::new(gateway.admin_address),
+        gateway,
+        _upstream: upstream,
+    }
+}
+
+/// Sends `count` requests to `/deny` while the store fails: each is refused, within `LONGEST`.
+async fn refused_in_time(client: &HttpClient, count: usize) {
+    for _ in 0..count {
+        let sent = Instant::now();
+        assert_eq!(client.get("/deny", &[]).await.status, 503);
+        assert!(sent.elapsed() < LONGEST, "waited {:?}", sent.elapsed());
+    }
+}
+
 /// Sends `/deny` until it is admitted; returns how long that took and the statuses before.
 async fn until_admitted(client: &HttpClient) -> (Duration, Vec<u16>) {
     let started = Instant::now();
@@ -81,23 +110,17 @@ async fn admitted(client: &HttpClient, count: usize) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restarted_on_its_address_decides_again_as_soon_as_it_answers() {
     let mut redis = RedisServer::start();
-    let upstream = start_upstream().await;
-    let gateway = start_gateway(&TEN.replace("REDIS", &redis.url()), upstream.address).await;
-    let client = HttpClient::new(gateway.addresses[0]);
-    let admin = HttpClient::new(gateway.admin_address);
-    assert_eq!(admitted(&client, 2).await, 2);
+    let setup = gateway_on(TEN, &redis.url()).await;
+    let (client, admin) = (&setup.client, &setup.admin);
+    assert_eq!(admitted(client, 2).await, 2);
 
     redis.stop();
-    for _ in 0..5 {
-        let sent = Instant::now();
-        assert_eq!(client.get("/deny", &[]).await.status, 503);
-        assert!(sent.elapsed() < LONGEST, "waited {:?}", sent.elapsed());
-    }
+    refused_in_time(client, 5).await;
     assert_eq!(admin.get("/readyz", &[]).await.status, 503);
 
     // `restart` returns once the new process answers a PING.
     redis.restart();
-    let (reconnect, refused) = until_admitted(&client).await;
+    let (reconnect, refused) = until_admitted(client).await;
     eprintln!(
         "restart: decisions through Redis {reconnect:?} after it answered ({} refused before)",
         refused.len()
@@ -105,16 +128,15 @@ async fn a_redis_restarted_on_its_address_decides_again_as_soon_as_it_answers() 
     assert!(reconnect < LONGEST, "{reconnect:?}");
     assert_eq!(admin.get("/readyz", &[]).await.status, 200);
     // Restarted empty: a full bucket of ten, one of them just taken.
-    assert_eq!(admitted(&client, 12).await, 9);
+    assert_eq!(admitted(client, 12).await, 9);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connections_are_replaced_and_refusals_charge_nothing() {
     let redis = RedisServer::start();
-    let upstream = start_upstream().await;
-    let gateway = start_gateway(&TEN.replace("REDIS", &redis.url()), upstream.address).await;
-    let client = HttpClient::new(gateway.addresses[0]);
-    assert_eq!(admitted(&client, 3).await, 3);
+    let setup = gateway_on(TEN, &redis.url()).await;
+    let client = &setup.client;
+    assert_eq!(admitted(client, 3).await, 3);
 
     for round in 0..3 {
         let killed = redis.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
@@ -122,24 +144,22 @@ async fn killed_connections_are_replaced_and_refusals_charge_nothing() {
             killed.trim().parse::<u32>().unwrap_or(0) >= 1,
             "round {round}: no connection of the gateway's was killed: {killed}"
         );
-        let (reconnect, refused) = until_admitted(&client).await;
+        let (reconnect, refused) = until_admitted(client).await;
         eprintln!(
             "CLIENT KILL: decisions through Redis {reconnect:?} later ({} refused before)",
             refused.len()
         );
     }
     // 3 + 3 admitted; whatever was refused on the way took nothing from the bucket.
-    assert_eq!(admitted(&client, 10).await, 4);
+    assert_eq!(admitted(client, 10).await, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_follows_a_replica_promoted_in_place_of_a_killed_master() {
     let mut cluster = RedisCluster::start_with(1, "1000");
-    let upstream = start_upstream().await;
-    let gateway = start_gateway(&TEN.replace("REDIS", &cluster.url()), upstream.address).await;
-    let client = HttpClient::new(gateway.addresses[0]);
-    let admin = HttpClient::new(gateway.admin_address);
-    assert_eq!(admitted(&client, 3).await, 3);
+    let setup = gateway_on(TEN, &cluster.url()).await;
+    let (client, admin) = (&setup.client, &setup.admin);
+    assert_eq!(admitted(client, 3).await, 3);
 
     let slot = tollgate::limit::redis::slot(b"tg:ten:global");
     let master = cluster.master_of(slot);
@@ -148,34 +168,25 @@ async fn a_cluster_follows_a_replica_promoted_in_place_of_a_killed_master() {
     cluster.wait_replicated(master);
     cluster.nodes[master].stop();
     let killed = Instant::now();
-    for _ in 0..3 {
-        let sent = Instant::now();
-        assert_eq!(
-            client.get("/deny", &[]).await.status,
-            503,
-            "its master is gone"
-        );
-        assert!(sent.elapsed() < LONGEST, "waited {:?}", sent.elapsed());
-    }
+    refused_in_time(client, 3).await;
     cluster.wait_until_ok(|cluster| cluster.serving(slot).is_some_and(|node| node != master));
     let promoted = killed.elapsed();
-    let (reconnect, refused) = until_admitted(&client).await;
+    let (reconnect, refused) = until_admitted(client).await;
     eprintln!(
         "failover: replica promoted {promoted:?} after the kill; decisions through it {reconnect:?} later ({} refused before)",
         refused.len()
     );
     assert_eq!(admin.get("/readyz", &[]).await.status, 200);
     // The replica had the charges: 3 + 1 admitted so far.
-    assert_eq!(admitted(&client, 10).await, 6);
+    assert_eq!(admitted(client, 10).await, 6);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_keeps_its_tokens_while_its_slot_migrates_to_another_node() {
     let cluster = RedisCluster::start();
-    let upstream = start_upstream().await;
-    let gateway = start_gateway(&TEN.replace("REDIS", &cluster.url()), upstream.address).await;
-    let client = HttpClient::new(gateway.addresses[0]);
-    assert_eq!(admitted(&client, 3).await, 3);
+    let setup = gateway_on(TEN, &cluster.url()).await;
+    let client = &setup.client;
+    assert_eq!(admitted(client, 3).await, 3);
 
     let key = "tg:ten:global";
     let slot = tollgate::limit::redis::slot(key.as_bytes()).to_string();
@@ -200,20 +211,20 @@ async fn a_bucket_keeps_its_tokens_while_its_slot_migrates_to_another_node() {
         "OK"
     );
     // Migrating, the key still on its old node: served there.
-    assert_eq!(admitted(&client, 2).await, 2);
+    assert_eq!(admitted(client, 2).await, 2);
 
     // Moved to the new node while the slot is still the old one's: the old node answers ASK.
     let port = target.port.to_string();
     let migrated = source.cli(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", key]);
     assert_eq!(migrated.trim(), "OK", "MIGRATE: {migrated}");
-    assert_eq!(admitted(&client, 2).await, 2, "followed ASK");
+    assert_eq!(admitted(client, 2).await, 2, "followed ASK");
 
     // The slot now belongs to the new node: the old one answers MOVED.
     for node in &cluster.nodes {
         node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
     }
     assert_eq!(
-        admitted(&client, 10).await,
+        admitted(client, 10).await,
         3,
         "followed MOVED with the bucket's tokens: 10 in all"
     );
@@ -279,9 +290,8 @@ async fn scripts_run_after_a_debug_sleep_charge_nothing_on_deny_and_local_routes
     use tokio::io::AsyncReadExt;
 
     let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
-    let upstream = start_upstream().await;
-    let gateway = start_gateway(&SIX.replace("REDIS", &redis.url()), upstream.address).await;
-    let client = HttpClient::new(gateway.addresses[0]);
+    let setup = gateway_on(SIX, &redis.url()).await;
+    let (gateway, client) = (&setup.gateway, &setup.client);
     let store = gateway.redis_store().unwrap();
     // One decision first: its reply tells the gateway the server's clock. 5 tokens left.
     assert_eq!(client.get("/deny", &[]).await.status, 200);
@@ -317,9 +327,8 @@ async fn scripts_run_after_a_debug_sleep_charge_nothing_on_deny_and_local_routes
 async fn paused_calls_charge_nothing(url: &str, calls: u64, pause: impl FnOnce()) {
     use tollgate::limit::breaker::CircuitState;
 
-    let upstream = start_upstream().await;
-    let gateway = start_gateway(&SIX.replace("REDIS", url), upstream.address).await;
-    let client = HttpClient::new(gateway.addresses[0]);
+    let setup = gateway_on(SIX, url).await;
+    let (gateway, client) = (&setup.gateway, &setup.client);
     let store = gateway.redis_store().unwrap();
     // One decision first: its reply tells the gateway the server's clock. 5 tokens left.
     assert_eq!(client.get("/deny", &[]).await.status, 200);

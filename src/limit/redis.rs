@@ -342,8 +342,7 @@ impl RedisStore {
         Ok(tripped)
     }
 
-    /// One `outcome.lua` call per group, all at once, within the timeout; calls given up on
-    /// are listened to, to count those that ran late.
+    /// One `outcome.lua` call per group, all at once, each until the store's timeout.
     async fn call_outcomes(
         &self,
         requests: &[OutcomeRequest<'_>],
@@ -351,35 +350,31 @@ impl RedisStore {
         groups: &[Vec<usize>],
     ) -> Result<Vec<Vec<String>>, StoreError> {
         let deadline = clock::deadline_in(self.timeout);
-        let calls = async {
-            let mut calls = Vec::with_capacity(groups.len());
-            for group in groups {
-                let slot = self.clock_slot(keys, group);
-                let server_deadline = self.server_clock.deadline(slot, deadline);
-                let command =
-                    outcome_command(&self.outcome, requests, keys, group, server_deadline);
-                calls.push(
-                    self.owned_call::<Vec<String>>(&self.outcome, command)
-                        .await?,
-                );
-            }
-            Ok::<_, StoreError>(Box::pin(join_all(calls)))
-        };
-        let mut calls = tokio::time::timeout_at(deadline, calls)
+        let calls = groups.iter().map(|group| {
+            let server_deadline = self
+                .server_clock
+                .deadline(self.clock_slot(keys, group), deadline);
+            let command = outcome_command(&self.outcome, requests, keys, group, server_deadline);
+            self.call_until(&self.outcome, command, deadline, |reply: Vec<String>| {
+                is_late(&reply)
+            })
+        });
+        join_all(calls).await.into_iter().collect()
+    }
+
+    /// Sends a script's call and waits for its reply until `deadline` (connecting included);
+    /// a call given up on is listened to, and `read` tells from its reply whether it ran late.
+    async fn call_until<T: redis::FromRedisValue + Send + 'static>(
+        &self,
+        script: &Arc<Script>,
+        command: redis::Cmd,
+        deadline: tokio::time::Instant,
+        read: impl FnOnce(T) -> bool + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let call = tokio::time::timeout_at(deadline, self.owned_call(script, command))
             .await
             .map_err(|_| StoreError::Timeout)??;
-        match tokio::time::timeout_at(deadline, calls.as_mut()).await {
-            Ok(replies) => replies
-                .into_iter()
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|error| StoreError::Redis(error.to_string())),
-            Err(_) => {
-                self.late.listen(async move { Ok(calls.await) }, |replies| {
-                    replies.iter().flatten().any(|reply| is_late(reply))
-                });
-                Err(StoreError::Timeout)
-            }
-        }
+        self.late.wait(call, deadline, read).await
     }
 
     /// The slot whose server's clock a call over `group` of `keys` reads (0 on a single node).

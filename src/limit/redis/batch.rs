@@ -23,7 +23,7 @@ use redis::Script;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::decide_call::{CallReply, DecideCall, ReplyReader, RequestReply, Shape};
+use super::decide_call::{read_late_reply, DecideCall, RequestReply, Shape};
 use super::server_clock::{LateCalls, ServerClock};
 use super::{evaluate, StoreKeys};
 use crate::limit::StoreError;
@@ -215,24 +215,15 @@ async fn call(
     let command = decide.command(script, observers.server_clock.deadline(0, deadline));
     let script = script.clone();
     let mut connection = connection;
-    // Owns what it needs, so that a call given up on can go on being listened to in a task
-    // of its own (spawned only then: a task per call cost the usual call more than a box).
-    let mut evaluated =
+    // Owns what it needs, so that a call given up on can go on being listened to.
+    let evaluated =
         Box::pin(async move { evaluate::<Vec<u8>>(&script, &command, &mut connection).await });
-    let replies = match tokio::time::timeout_at(deadline, evaluated.as_mut()).await {
-        Ok(Ok(reply)) => read_reply(&decide, &reply, &observers.server_clock, &observers.late),
-        Ok(Err(error)) => Err(StoreError::Redis(error.to_string())),
-        Err(_) => {
-            let server_clock = observers.server_clock.clone();
-            observers.late.listen(evaluated, move |reply| {
-                reply_header(&reply).is_some_and(|(server_time, late)| {
-                    server_clock.observe(0, server_time);
-                    late
-                })
-            });
-            Err(StoreError::Timeout)
-        }
-    };
+    let read_late = read_late_reply(observers.server_clock.clone(), 0);
+    let replies = observers
+        .late
+        .wait(evaluated, deadline, read_late)
+        .await
+        .and_then(|reply| decide.read(&reply, (&observers.server_clock, 0), &observers.late));
     match replies {
         Ok(replies) => {
             for (queued, reply) in batch.into_iter().zip(replies) {
@@ -245,30 +236,4 @@ async fn call(
             }
         }
     }
-}
-
-/// The server's time and whether the call ran late, from the start of a decision's reply.
-pub(super) fn reply_header(reply: &[u8]) -> Option<(f64, bool)> {
-    let mut fields = ReplyReader(reply);
-    let server_time = fields.number()?;
-    Some((server_time, fields.byte()? == 1))
-}
-
-/// A call's reply: the server clock notes its time; a late call is counted, and answers its
-/// requests as timed out (the gateway had given up on them already).
-fn read_reply(
-    decide: &DecideCall<'_>,
-    reply: &[u8],
-    server_clock: &ServerClock,
-    late: &LateCalls,
-) -> Result<Vec<RequestReply>, StoreError> {
-    let CallReply {
-        server_time,
-        requests,
-    } = decide.parse_reply(reply)?;
-    server_clock.observe(0, server_time);
-    requests.ok_or_else(|| {
-        late.count();
-        StoreError::Timeout
-    })
 }

@@ -7,8 +7,7 @@ use redis::cluster_async::ClusterConnection;
 
 use tokio::time::Instant;
 
-use super::batch::reply_header;
-use super::decide_call::{BucketArguments, DecideCall, RequestReply, Shape};
+use super::decide_call::{read_late_reply, BucketArguments, DecideCall, RequestReply, Shape};
 use super::keys::{group_by_slot, StoreKeys};
 use super::{script_command, Cluster, Connection, Number, RedisStore};
 use crate::limit::{BucketRequest, Charge, Decision, StoreError, Verdict, Verdicts};
@@ -92,29 +91,11 @@ impl RedisStore {
         call.push(group.iter().map(|index| &keys[*index]), &shape);
         let slot = self.clock_slot(keys, group);
         let command = call.command(&self.decide, self.server_clock.deadline(slot, deadline));
-        let mut evaluated =
-            tokio::time::timeout_at(deadline, self.owned_call::<Vec<u8>>(&self.decide, command))
-                .await
-                .map_err(|_| StoreError::Timeout)??;
-        let reply = match tokio::time::timeout_at(deadline, evaluated.as_mut()).await {
-            Ok(reply) => reply.map_err(|error| StoreError::Redis(error.to_string()))?,
-            Err(_) => {
-                let server_clock = self.server_clock.clone();
-                self.late.listen(evaluated, move |reply| {
-                    reply_header(&reply).is_some_and(|(server_time, late)| {
-                        server_clock.observe(slot, server_time);
-                        late
-                    })
-                });
-                return Err(StoreError::Timeout);
-            }
-        };
-        let parsed = call.parse_reply(&reply)?;
-        self.server_clock.observe(slot, parsed.server_time);
-        let mut replies = parsed.requests.ok_or_else(|| {
-            self.late.count();
-            StoreError::Timeout
-        })?;
+        let read_late = read_late_reply(self.server_clock.clone(), slot);
+        let reply = self
+            .call_until(&self.decide, command, deadline, read_late)
+            .await?;
+        let mut replies = call.read(&reply, (&self.server_clock, slot), &self.late)?;
         replies
             .pop()
             .ok_or_else(|| StoreError::Reply("an empty script reply".to_owned()))

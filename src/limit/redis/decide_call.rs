@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use redis::Script;
 use smallvec::SmallVec;
 
+use super::server_clock::{LateCalls, ServerClock};
 use super::Number;
 use crate::limit::{BucketRequest, StoreError};
 
@@ -187,6 +188,41 @@ impl<'a> DecideCall<'a> {
             requests: Some(parsed),
         })
     }
+
+    /// Reads the reply of a call to `slot`'s node: the clock notes its time; a call that ran
+    /// late is counted, and answers its requests as timed out (the gateway gave up on them).
+    pub(super) fn read(
+        &self,
+        reply: &[u8],
+        (server_clock, slot): (&ServerClock, u16),
+        late: &LateCalls,
+    ) -> Result<Vec<RequestReply>, StoreError> {
+        let CallReply {
+            server_time,
+            requests,
+        } = self.parse_reply(reply)?;
+        server_clock.observe(slot, server_time);
+        requests.ok_or_else(|| {
+            late.count();
+            StoreError::Timeout
+        })
+    }
+}
+
+/// What the reply of a call given up on tells, read in the background: `slot`'s server
+/// clock notes its time, and the call is counted if it ran late.
+pub(super) fn read_late_reply(
+    server_clock: std::sync::Arc<ServerClock>,
+    slot: u16,
+) -> impl FnOnce(Vec<u8>) -> bool + Send + 'static {
+    move |reply| {
+        let mut fields = ReplyReader(&reply);
+        let header = fields.number().zip(fields.byte());
+        header.is_some_and(|(server_time, late)| {
+            server_clock.observe(slot, server_time);
+            late == 1
+        })
+    }
 }
 
 /// The reply of one `decide.lua` call.
@@ -200,7 +236,7 @@ pub(super) struct CallReply {
 }
 
 /// The unread rest of a reply.
-pub(super) struct ReplyReader<'a>(pub(super) &'a [u8]);
+struct ReplyReader<'a>(&'a [u8]);
 
 impl ReplyReader<'_> {
     pub(super) fn byte(&mut self) -> Option<u8> {

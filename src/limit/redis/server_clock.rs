@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
-use crate::limit::clock;
+use crate::limit::{clock, StoreError};
 
 /// How long a call given up on is still listened to: a script that runs later is counted
 /// late (it charged nothing), and its reply keeps the clock's estimate fresh.
@@ -89,21 +89,30 @@ impl LateCalls {
         self.0.get()
     }
 
-    /// Goes on listening, for a while and in a task of its own, to a call the gateway gave up
-    /// on; `read` notes what its reply says and whether it ran late, which is then counted.
-    pub(crate) fn listen<T: Send + 'static>(
+    /// Waits for `call`'s reply until `deadline`. A call given up on goes on being listened
+    /// to, for a while and in a task of its own (spawned only then: a task per call cost the
+    /// usual call more than a box); `read` notes what its reply says and whether it ran late,
+    /// which is then counted.
+    pub(crate) async fn wait<T: Send + 'static>(
         &self,
-        call: impl Future<Output = redis::RedisResult<T>> + Send + 'static,
+        mut call: impl Future<Output = redis::RedisResult<T>> + Unpin + Send + 'static,
+        deadline: Instant,
         read: impl FnOnce(T) -> bool + Send + 'static,
-    ) {
-        let late = self.clone();
-        tokio::spawn(async move {
-            if let Ok(Ok(reply)) = tokio::time::timeout(LATE_LISTEN, call).await {
-                if read(reply) {
-                    late.count();
-                }
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout_at(deadline, &mut call).await {
+            Ok(reply) => reply.map_err(|error| StoreError::Redis(error.to_string())),
+            Err(_) => {
+                let late = self.clone();
+                tokio::spawn(async move {
+                    if let Ok(Ok(reply)) = tokio::time::timeout(LATE_LISTEN, call).await {
+                        if read(reply) {
+                            late.count();
+                        }
+                    }
+                });
+                Err(StoreError::Timeout)
             }
-        });
+        }
     }
 }
 

@@ -306,6 +306,7 @@ impl UpstreamPool {
         more: bool,
     ) -> Result<Response<Body>, PoolError> {
         let mut client_body_broken = None;
+        let mut chunked = false;
         let (outgoing_body, kept) = match body.take() {
             Some(OutgoingBody::Buffered(bytes)) if more => (
                 Body::full(bytes.clone()),
@@ -313,6 +314,7 @@ impl UpstreamPool {
             ),
             Some(OutgoingBody::Buffered(bytes)) => (Body::full(bytes), None),
             Some(OutgoingBody::Streamed(incoming)) => {
+                chunked = http_body::Body::size_hint(&incoming).exact().is_none();
                 let (watched, broken) = WatchedBody::new(incoming);
                 client_body_broken = Some(broken);
                 (Body::boxed(watched), None)
@@ -327,6 +329,14 @@ impl UpstreamPool {
             None => std::mem::replace(request, Request::new(()).into_parts().0),
         };
         parts.uri = target_uri(&self.settings.targets[index], path, query.as_deref());
+        if chunked {
+            // hyper's client sends a body of unknown length on GET and HEAD only when asked:
+            // left to itself, it would drop the body.
+            parts.headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
         if !parts.headers.contains_key(header::HOST) {
             if let Some(authority) = &self.authorities[index] {
                 parts.headers.insert(header::HOST, authority.clone());

@@ -691,3 +691,43 @@ async fn options_asterisk_is_forwarded_in_asterisk_form() {
     let (refused, _) = raw_head(gateway.addresses[0], b"GET * HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(raw_status(&refused), 400, "{refused}");
 }
+
+/// A body of unknown length on a method whose requests usually have none (GET, HEAD) still
+/// goes upstream, chunked: dropped, it would be data lost, and the body would be left unread
+/// on the client's connection, which then could not be kept.
+#[tokio::test]
+async fn a_chunked_body_on_get_or_head_reaches_the_upstream_and_keeps_the_connection() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
+    for method in ["GET", "HEAD"] {
+        let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
+        let request = format!(
+            "{method} /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let response = read_response(&mut stream, method == "HEAD").await;
+        assert_eq!(response.status(), 200, "{}", response.head);
+        assert!(
+            !response
+                .head
+                .to_ascii_lowercase()
+                .contains("connection: close"),
+            "{method}: the connection is kept: {}",
+            response.head
+        );
+        // The same connection serves the next request, which shows what the first one carried.
+        stream
+            .write_all(b"POST /echo-body HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok")
+            .await
+            .unwrap();
+        let next = read_response(&mut stream, false).await;
+        assert_eq!(next.status(), 200, "{}", next.head);
+        assert_eq!(next.body, b"ok"[..]);
+    }
+    let seen = upstream_view(
+        gateway.addresses[0],
+        b"GET /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(seen["body"], "hello", "the body went upstream: {seen}");
+}

@@ -25,6 +25,7 @@ use watched_body::WatchedBody;
 use crate::config::{Upstream, UpstreamTarget};
 use crate::gateway::REQUEST_ID_NAME;
 use crate::limit::clock;
+use crate::wire::message::response_head_too_large;
 use crate::{tls, Body, RequestId};
 
 /// Requests with a body in memory up to this size take the gateway's own client, which writes
@@ -346,6 +347,9 @@ impl UpstreamPool {
             .send(Request::from_parts(parts, outgoing_body))
             .await;
         match sent {
+            Ok(response) if response_head_too_large(response.headers()) => {
+                Err(PoolError::Exchange("response head too large".to_owned()))
+            }
             Ok(response) => Ok(response.map(Body::boxed)),
             Err(_) if client_body_broken.is_some_and(|broken| broken.load(Ordering::Relaxed)) => {
                 Err(PoolError::ClientBody)

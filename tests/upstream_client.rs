@@ -109,6 +109,19 @@ fn script(path: &str) -> (Vec<u8>, Then) {
             Then::SendLate(LATE_RESPONSE),
         ),
         "/garbage" => answer("SSH-2.0-OpenSSH_9.6\r\n\r\n", Then::Close),
+        // RFC 9112 §6.1: an HTTP/1.0 message cannot be chunked; its framing is faulty.
+        "/http10-chunked" => answer(
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            Then::Close,
+        ),
+        "/huge-head" => (
+            format!(
+                "HTTP/1.1 200 OK\r\nX-Huge: {}\r\nContent-Length: 2\r\n\r\nok",
+                "x".repeat(70_000)
+            )
+            .into_bytes(),
+            Then::Close,
+        ),
         "/drop-next" => answer(
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
             Then::DropNextRequest,
@@ -412,6 +425,29 @@ async fn bytes_an_upstream_sends_unasked_never_answer_another_request() {
                 (reply.status.as_u16(), reply.body.as_ref()),
                 (200, b"ok".as_ref()),
                 "{path}: another client's request got the unasked bytes"
+            );
+        }
+    }
+}
+
+/// Refused alike by the own client (a bodyless request) and by hyper's (a request whose body
+/// streams): a chunked HTTP/1.0 response, and a response head over 64 KiB.
+#[tokio::test]
+async fn faulty_framing_and_huge_heads_are_502_on_both_clients() {
+    let upstream = start_scripted_upstream().await;
+    let gateway = start_gateway(POLICY, upstream.address).await;
+    for path in ["/http10-chunked", "/huge-head"] {
+        for (client, body) in [
+            ("own", ""),
+            ("hyper's", "Transfer-Encoding: chunked\r\n\r\n0"),
+        ] {
+            let request =
+                format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n{body}\r\n\r\n");
+            let response = raw(gateway.addresses[0], request.as_bytes()).await;
+            assert_eq!(
+                raw_status(&response),
+                502,
+                "{path} on {client} client: {response}"
             );
         }
     }

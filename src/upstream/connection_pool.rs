@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::http1::{self, IdleConnections, Stream};
+use crate::wire::message::MAX_RESPONSE_HEAD_BYTES;
 use crate::Body;
 
 /// Idle connections kept per upstream address.
@@ -213,6 +214,7 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (sender, connection) = hyper_http1::Builder::new()
+        .max_buf_size(MAX_RESPONSE_HEAD_BYTES)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(|error| error.to_string())?;

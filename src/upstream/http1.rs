@@ -25,6 +25,7 @@ use tokio_rustls::client::TlsStream;
 
 use super::Forwarding;
 use crate::wire::header_names::KnownNames;
+use crate::wire::message::MAX_RESPONSE_HEAD_BYTES;
 use crate::wire::write_header_field;
 use crate::Body;
 
@@ -34,8 +35,6 @@ mod head;
 use body::{Decoder, Framing, StreamingBody};
 use head::{parse_head, Head};
 
-/// A response head larger than this is refused.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Chunk-size lines and trailer fields longer than this are refused.
 const MAX_LINE_BYTES: usize = 8 * 1024;
 /// What one read asks the kernel for, at least.
@@ -337,7 +336,7 @@ async fn send_and_read_head(
             Ok(None) => {}
             Err(error) => return Err(Failure::new(false, error)),
         }
-        if buffer.len() >= MAX_HEAD_BYTES {
+        if buffer.len() >= MAX_RESPONSE_HEAD_BYTES {
             return Err(Failure::new(false, "response head too large"));
         }
         let answered = !buffer.is_empty();

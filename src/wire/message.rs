@@ -11,6 +11,18 @@ use http::StatusCode;
 pub(crate) const MAX_REQUEST_FIELDS: usize = 100;
 /// Response head fields at most, read from an upstream.
 pub(crate) const MAX_RESPONSE_FIELDS: usize = 128;
+/// A response head larger than this is refused (502), by the own client and hyper's alike.
+pub(crate) const MAX_RESPONSE_HEAD_BYTES: usize = 64 * 1024;
+
+/// Whether a response head with `headers` is over `MAX_RESPONSE_HEAD_BYTES`, counted as its
+/// fields take on the wire (`name: value` and CRLF each), for a client that gives no raw size.
+pub(crate) fn response_head_too_large(headers: &HeaderMap) -> bool {
+    let size: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    size > MAX_RESPONSE_HEAD_BYTES
+}
 
 const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,

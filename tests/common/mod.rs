@@ -21,6 +21,7 @@ use tollgate::config::Policy;
 use tollgate::limit::Clock;
 use tollgate::{Options, Tollgate};
 
+pub mod differential;
 pub mod redis_server;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

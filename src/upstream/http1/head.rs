@@ -10,7 +10,9 @@ use smallvec::SmallVec;
 
 use super::body::Framing;
 use crate::wire::header_names::KnownNames;
-use crate::wire::message::{header_tokens, is_bodyless, MAX_RESPONSE_FIELDS};
+use crate::wire::message::{
+    header_tokens, is_bodyless, response_head_too_large, MAX_RESPONSE_FIELDS,
+};
 
 /// A parsed response head and what it says about the body and the connection.
 #[derive(Debug)]
@@ -81,9 +83,18 @@ pub(super) fn parse_head(
             .map_err(|_| format!("invalid value of response header {name}"))?;
         headers.append(name, value);
     }
+    if response_head_too_large(&headers) {
+        return Err("response head too large".to_owned());
+    }
     let content_lengths = content_lengths.into_iter().map(|range| &head[range]);
-    let (framing, reusable) =
-        framing(status, method, &headers, transfer_encoding, content_lengths)?;
+    let (framing, reusable) = framing(
+        status,
+        method,
+        version,
+        &headers,
+        transfer_encoding,
+        content_lengths,
+    )?;
     let keep_alive = reusable
         && version == Version::HTTP_11
         && !(connection
@@ -104,6 +115,7 @@ pub(super) fn parse_head(
 pub(super) fn framing<'v>(
     status: StatusCode,
     method: &Method,
+    version: Version,
     headers: &HeaderMap,
     transfer_encoding: bool,
     content_lengths: impl Iterator<Item = &'v [u8]>,
@@ -111,6 +123,10 @@ pub(super) fn framing<'v>(
     let mut content_lengths = content_lengths.peekable();
     if *method == Method::HEAD || is_bodyless(status) {
         return Ok((Framing::Empty, true));
+    }
+    if transfer_encoding && version == Version::HTTP_10 {
+        // RFC 9112 §6.1: its framing is faulty; refused, as hyper's client refuses it.
+        return Err("Transfer-Encoding in an HTTP/1.0 response".to_owned());
     }
     if transfer_encoding {
         let chunked_last = header_tokens(headers, header::TRANSFER_ENCODING)
@@ -215,6 +231,14 @@ mod tests {
         assert_eq!(
             framing_of("HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n", &Method::GET),
             (Framing::Length(2), false)
+        );
+        assert!(
+            head(
+                "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                &Method::GET
+            )
+            .is_err(),
+            "an HTTP/1.0 response cannot be chunked"
         );
         assert_eq!(
             framing_of(

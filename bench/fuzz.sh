@@ -12,8 +12,12 @@ export TOLLGATE_DIFFERENTIAL_CASES="${CASES:-1000000}"
 export TOLLGATE_DIFFERENTIAL_SEED="${SEED:-1}"
 echo "fuzz: $TOLLGATE_DIFFERENTIAL_CASES cases, seed $TOLLGATE_DIFFERENTIAL_SEED (release build)"
 started=$(date +%s)
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
 for test in http1_differential upstream_differential; do
-    cargo test --release --locked --test "$test" -- --nocapture 2>&1 |
-        sed -n -e '/cases (seed/p' -e '/disagree/,/^test result/p' -e '/^test result/p'
+    cargo test --release --locked --test "$test" -- --nocapture >"$log" 2>&1 || status=1
+    sed -n -e '/cases (seed/p' -e '/disagree/,/^stack backtrace/p' -e '/^test result/p' "$log"
 done
 echo "fuzz: $(( $(date +%s) - started )) s"
+exit "$status"

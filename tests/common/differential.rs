@@ -81,7 +81,7 @@ impl Generator {
 }
 
 /// The probe sent once every request of a case is answered: answered too, the connection was
-/// left open; closed, it was not.
+/// left open; closed, it was not. Both upstreams' answers to it name it.
 pub const PROBE: &[u8] = b"GET /probe HTTP/1.1\r\nHost: example.test\r\n\r\n";
 
 /// Sends `bytes` (requests with `methods`) on a new connection and reads until the gateway
@@ -101,14 +101,17 @@ pub async fn exchange(gateway: SocketAddr, bytes: &[u8], methods: &[String]) -> 
                 Ok(0) | Err(_) => return "closed",
                 Ok(count) => received.extend_from_slice(&buffer[..count]),
             }
-            let answered = responses(&received, &methods)
+            let seen = responses(&received, &methods);
+            let mut answers = seen
                 .iter()
-                .filter(|response| response.complete && !response.interim)
-                .count();
-            if answered == methods.len() {
-                if probed {
+                .filter(|response| response.complete && !response.interim);
+            if probed {
+                // The gateway may answer more than was asked (bytes it took for a request of
+                // their own): only the probe's answer shows the connection open.
+                if answers.any(|response| response.text.contains("probe")) {
                     return "open";
                 }
+            } else if answers.count() >= methods.len() {
                 probed = true;
                 methods.push("GET".to_owned());
                 let _ = stream.write_all(PROBE).await;

@@ -43,7 +43,14 @@ fn rss_mib(pid: u32) -> f64 {
         .unwrap_or_default()
         .lines()
         .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
@@ -125,7 +132,10 @@ async fn request(stream: &mut TcpStream, head: &[u8], buffer: &mut Vec<u8>) -> u
             .and_then(|value| value.trim().parse().ok())
             .unwrap_or(0);
         if buffer.len() >= end + 4 + length {
-            return head.get(9..12).and_then(|status| status.parse().ok()).unwrap_or(0);
+            return head
+                .get(9..12)
+                .and_then(|status| status.parse().ok())
+                .unwrap_or(0);
         }
     }
 }
@@ -215,9 +225,8 @@ async fn main() {
         let address = addresses[(connection % 3) as usize];
         let (statuses, longest, stop) = (statuses.clone(), longest.clone(), stop.clone());
         load.push(tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(Duration::from_secs_f64(
-                CONNECTIONS as f64 / OFFERED as f64,
-            ));
+            let mut ticks =
+                tokio::time::interval(Duration::from_secs_f64(CONNECTIONS as f64 / OFFERED as f64));
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             let mut stream = TcpStream::connect(address).await.ok();
             let mut buffer = Vec::new();
@@ -264,7 +273,10 @@ async fn main() {
             reloads += 1;
             next_reload += Duration::from_secs(1);
         }
-        while events.last().is_some_and(|(when, _)| started.elapsed() >= *when) {
+        while events
+            .last()
+            .is_some_and(|(when, _)| started.elapsed() >= *when)
+        {
             let (_, event) = events.pop().unwrap();
             println!("{:>5.1} s  {event}", started.elapsed().as_secs_f64());
             match event {

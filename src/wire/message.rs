@@ -15,7 +15,8 @@ pub(crate) const MAX_RESPONSE_FIELDS: usize = 128;
 pub(crate) const MAX_RESPONSE_HEAD_BYTES: usize = 64 * 1024;
 
 /// Whether a response head with `headers` is over `MAX_RESPONSE_HEAD_BYTES`, counted as its
-/// fields take on the wire (`name: value` and CRLF each), for a client that gives no raw size.
+/// fields take on the wire (`name: value` and CRLF each): for hyper's client, which gives no
+/// raw size (the own client measures the head it read).
 pub(crate) fn response_head_too_large(headers: &HeaderMap) -> bool {
     let size: usize = headers
         .iter()

@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 use super::body::Framing;
 use crate::wire::header_names::KnownNames;
 use crate::wire::message::{
-    header_tokens, is_bodyless, response_head_too_large, MAX_RESPONSE_FIELDS,
+    header_tokens, is_bodyless, MAX_RESPONSE_FIELDS, MAX_RESPONSE_HEAD_BYTES,
 };
 
 /// A parsed response head and what it says about the body and the connection.
@@ -45,6 +45,9 @@ pub(super) fn parse_head(
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(error) => return Err(format!("invalid response head: {error}")),
     };
+    if length > MAX_RESPONSE_HEAD_BYTES {
+        return Err("response head too large".to_owned());
+    }
     let status = parsed
         .code
         .and_then(|code| StatusCode::from_u16(code).ok())
@@ -82,9 +85,6 @@ pub(super) fn parse_head(
         let value = HeaderValue::from_maybe_shared(head.slice(range))
             .map_err(|_| format!("invalid value of response header {name}"))?;
         headers.append(name, value);
-    }
-    if response_head_too_large(&headers) {
-        return Err("response head too large".to_owned());
     }
     let content_lengths = content_lengths.into_iter().map(|range| &head[range]);
     let (framing, reusable) = framing(

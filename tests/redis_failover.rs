@@ -285,22 +285,23 @@ async fn put_to_sleep(redis: &RedisServer, seconds: &str) -> tokio::net::TcpStre
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scripts_run_after_a_debug_sleep_charge_nothing_on_deny_and_local_routes() {
+/// Three requests on a `deny` route (503) and three on a `local` route (decided by the
+/// replica's own buckets) while the node that holds the bucket sleeps for 3 s (`DEBUG SLEEP`
+/// from a connection of the test's own): their scripts run when it wakes, late, and charge
+/// nothing: 5 of the 6 tokens are left.
+async fn calls_a_sleeping_node_runs_late_charge_nothing(url: &str, node: &RedisServer) {
     use tokio::io::AsyncReadExt;
 
-    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
-    let setup = gateway_on(SIX, &redis.url()).await;
+    let setup = gateway_on(SIX, url).await;
     let (gateway, client) = (&setup.gateway, &setup.client);
     let store = gateway.redis_store().unwrap();
     // One decision first: its reply tells the gateway the server's clock. 5 tokens left.
     assert_eq!(client.get("/deny", &[]).await.status, 200);
 
-    let mut sleeper = put_to_sleep(&redis, "3").await;
+    let mut sleeper = put_to_sleep(node, "3").await;
     for _ in 0..3 {
         assert_eq!(client.get("/deny", &[]).await.status, 503);
     }
-    // Decided by this replica's own buckets while Redis sleeps.
     for _ in 0..3 {
         assert_eq!(client.get("/local", &[]).await.status, 200);
     }
@@ -312,12 +313,24 @@ async fn scripts_run_after_a_debug_sleep_charge_nothing_on_deny_and_local_routes
     })
     .await;
 
-    // The queued scripts ran late and charged nothing: Redis still holds 5 tokens.
     let mut statuses = Vec::new();
     for _ in 0..6 {
         statuses.push(client.get("/deny", &[]).await.status.as_u16());
     }
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_run_after_a_debug_sleep_charge_nothing_on_deny_and_local_routes() {
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    calls_a_sleeping_node_runs_late_charge_nothing(&redis.url(), &redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_a_sleeping_cluster_node_runs_late_charge_nothing() {
+    let cluster = RedisCluster::start();
+    let node = &cluster.nodes[cluster.master_of(tollgate::limit::redis::slot(b"tg:six:global"))];
+    calls_a_sleeping_node_runs_late_charge_nothing(&cluster.url(), node).await;
 }
 
 /// Five requests while the node that holds the bucket (`slot` of `url`) pauses for 1.5 s: the

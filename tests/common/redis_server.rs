@@ -160,6 +160,9 @@ impl RedisCluster {
                     // A replica fails over however long ago it heard from its master.
                     "--cluster-replica-validity-factor",
                     "0",
+                    // Tests put a node to sleep (`DEBUG SLEEP`).
+                    "--enable-debug-command",
+                    "yes",
                 ])
             })
             .collect();

@@ -66,6 +66,12 @@ pub(super) fn check_request<B>(
             "the target * goes with OPTIONS only".to_owned(),
         ));
     }
+    if request.uri().scheme().is_none() && request.uri().authority().is_some() {
+        // RFC 9112 §3.2.3: a bare `host:port` target is for CONNECT alone.
+        return Err(Reject::BadRequest(
+            "an authority-form target goes with CONNECT only".to_owned(),
+        ));
+    }
     let headers = request.headers();
     let uri = request.uri();
     let header_bytes = scan.bytes

@@ -692,6 +692,20 @@ async fn options_asterisk_is_forwarded_in_asterisk_form() {
     assert_eq!(raw_status(&refused), 400, "{refused}");
 }
 
+/// A bare `host:port` target belongs to CONNECT; on any other method it is a 400, never taken
+/// for the request's host (an upstream would see a target it did not expect).
+#[tokio::test]
+async fn an_authority_form_target_is_400_and_never_forwarded() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, BASIC, upstream.address).await;
+    for target in ["example.test:80", "relative", "internal.example:8080"] {
+        let request = format!("GET {target} HTTP/1.1\r\nHost: a\r\n\r\n");
+        let (refused, _) = raw_head(gateway.addresses[0], request.as_bytes()).await;
+        assert_eq!(raw_status(&refused), 400, "{target}: {refused}");
+    }
+    assert_eq!(upstream.hits.load(Ordering::SeqCst), 0);
+}
+
 /// A body of unknown length on a method whose requests usually have none (GET, HEAD) still
 /// goes upstream, chunked: dropped, it would be data lost, and the body would be left unread
 /// on the client's connection, which then could not be kept.

@@ -16,8 +16,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+#[path = "support/load.rs"]
+mod load;
+use load::{request, rss_mib};
 
 const CAPACITY: f64 = 200.0;
 const RATE_PER_SECOND: f64 = 20.0;
@@ -36,22 +39,6 @@ fn signal(child: &Child, name: &str) {
     let _ = Command::new("kill")
         .args([format!("-{name}"), child.id().to_string()])
         .status();
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| {
-            value
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 fn wait_for(port: u16) {
@@ -104,39 +91,6 @@ impl Redis {
             .args(["-p", &self.port.to_string()])
             .args(args)
             .output();
-    }
-}
-
-/// Sends one request and returns its status (0: the connection failed).
-async fn request(stream: &mut TcpStream, head: &[u8], buffer: &mut Vec<u8>) -> u16 {
-    if stream.write_all(head).await.is_err() {
-        return 0;
-    }
-    buffer.clear();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let Ok(count) = stream.read(&mut chunk).await else {
-            return 0;
-        };
-        if count == 0 {
-            return 0;
-        }
-        buffer.extend_from_slice(&chunk[..count]);
-        let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") else {
-            continue;
-        };
-        let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|line| line.strip_prefix("content-length:"))
-            .and_then(|value| value.trim().parse().ok())
-            .unwrap_or(0);
-        if buffer.len() >= end + 4 + length {
-            return head
-                .get(9..12)
-                .and_then(|status| status.parse().ok())
-                .unwrap_or(0);
-        }
     }
 }
 
@@ -235,7 +189,7 @@ async fn main() {
                 ticks.tick().await;
                 let sent = Instant::now();
                 let status = match stream.as_mut() {
-                    Some(stream) => request(stream, head, &mut buffer).await,
+                    Some(stream) => request(stream, head, &mut buffer).await.unwrap_or(0),
                     None => 0,
                 };
                 let took = sent.elapsed().as_micros() as u64;

@@ -87,6 +87,82 @@ fn keys(c: &mut Criterion) {
     });
 }
 
+/// A request's token: verified (signature and claims) per algorithm, then found in the cache.
+fn tokens(c: &mut Criterion) {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    use tollgate::jwt::{JwtVerifier, TokenSource};
+    let rsa_jwk = include_str!("../tests/fixtures/jwt/rsa-public.jwk.json");
+    let rsa_private = include_str!("../tests/fixtures/jwt/rsa-private.pem");
+    let b64 = |bytes: &[u8]| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    };
+    let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let point = ec.public_key_raw();
+    let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+    let jwks = format!(
+        r#"{{"keys":[{rsa_jwk},{{"kty":"EC","crv":"P-256","kid":"ec","x":"{}","y":"{}"}},{{"kty":"OKP","crv":"Ed25519","kid":"ed","x":"{}"}}]}}"#,
+        b64(&point[1..33]),
+        b64(&point[33..65]),
+        b64(ed.public_key_raw())
+    );
+    let source = TokenSource::Header(http::header::AUTHORIZATION);
+    let public = JwtVerifier::with_key_set(source.clone(), &jwks, None, None, 30).unwrap();
+    let secret = b"bench-secret-bench-secret-bench-secret";
+    let shared = JwtVerifier::with_secret(source, secret, None, None, 30);
+    let now = 1_800_000_000;
+    let claims = serde_json::json!({ "sub": "user-4242", "plan": "pro", "exp": now + 3600 });
+    let sign = |algorithm: Algorithm, kid: &str, key: &EncodingKey| {
+        let mut header = Header::new(algorithm);
+        header.kid = Some(kid.to_owned());
+        jsonwebtoken::encode(&header, &claims, key).unwrap()
+    };
+    let cases = [
+        (
+            "RS256",
+            &public,
+            sign(
+                Algorithm::RS256,
+                "rsa-1",
+                &EncodingKey::from_rsa_pem(rsa_private.as_bytes()).unwrap(),
+            ),
+        ),
+        (
+            "ES256",
+            &public,
+            sign(
+                Algorithm::ES256,
+                "ec",
+                &EncodingKey::from_ec_der(&ec.serialize_der()),
+            ),
+        ),
+        (
+            "EdDSA",
+            &public,
+            sign(
+                Algorithm::EdDSA,
+                "ed",
+                &EncodingKey::from_ed_der(&ed.serialize_der()),
+            ),
+        ),
+        (
+            "HS256",
+            &shared,
+            sign(Algorithm::HS256, "hs", &EncodingKey::from_secret(secret)),
+        ),
+    ];
+    for (name, verifier, token) in &cases {
+        c.bench_function(&format!("token: {name} verified"), |b| {
+            b.iter(|| black_box(verifier.verify_uncached(black_box(token), now).unwrap()))
+        });
+    }
+    let (_, verifier, token) = &cases[0];
+    verifier.verify(token, now).unwrap();
+    c.bench_function("token: RS256 found in the cache", |b| {
+        b.iter(|| black_box(verifier.verify(black_box(token), now).unwrap()))
+    });
+}
+
 fn client_address(c: &mut Criterion) {
     let trust = Trust::Hops(2);
     let peer: IpAddr = "10.0.0.2".parse().unwrap();
@@ -182,6 +258,7 @@ criterion_group!(
     benches,
     decision,
     keys,
+    tokens,
     client_address,
     routing,
     normalization,

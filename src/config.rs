@@ -36,6 +36,8 @@ pub struct Policy {
     pub routes: Vec<Route>,
     /// Scale every limit's rate while the upstream struggles.
     pub overload: Option<Overload>,
+    /// `[auth.jwt]`: verifies the tokens whose claims key limits or pick their tiers.
+    pub jwt: Option<Arc<crate::jwt::JwtVerifier>>,
     /// Suspicious but valid policy (`tollgate check` prints them, `run` logs them).
     pub warnings: Vec<String>,
 }
@@ -136,6 +138,28 @@ pub struct Limit {
     pub adaptive: Option<Adaptive>,
     /// Extra tokens charged after the response, by status.
     pub charge_on_status: Vec<(u16, f64)>,
+    /// Where a request's tier comes from; `None`: one set of numbers for everyone.
+    pub tier: Option<TierSource>,
+    /// `[limits.X.tiers]`, by tier value.
+    pub tiers: Vec<(String, Tier)>,
+}
+
+/// Where a request's tier is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TierSource {
+    /// A dotted path into the verified token's claims.
+    JwtClaim(String),
+    /// A header that a proxy in front sets (`trust_header = true`).
+    Header(http::HeaderName),
+}
+
+/// What a tier changes for its requests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Tier {
+    /// The limit does not apply.
+    Exempt,
+    /// The limit's bucket, with these numbers.
+    Bucket { capacity: f64, rate: Rate },
 }
 
 /// A limit's `[adaptive]` table: which statuses are errors, and the penalty.
@@ -159,6 +183,15 @@ impl Limit {
         self.key
             .iter()
             .any(|source| matches!(source, KeySource::JsonField(_) | KeySource::FormField(_)))
+    }
+
+    /// Whether the key or the tier reads a claim of the request's token (which then has to be
+    /// verified).
+    pub fn reads_token(&self) -> bool {
+        self.key
+            .iter()
+            .any(|source| matches!(source, KeySource::JwtClaim(_)))
+            || matches!(self.tier, Some(TierSource::JwtClaim(_)))
     }
 
     /// Extra tokens charged after a response with this status.
@@ -198,6 +231,8 @@ pub struct Route {
     pub on_store_failure: StoreFailurePolicy,
     /// Some limit of this route reads the body, so the body is buffered before deciding.
     pub reads_body: bool,
+    /// Some limit of this route reads a token's claim, so a token it carries is verified.
+    pub reads_token: bool,
 }
 
 impl AsRef<Route> for Route {

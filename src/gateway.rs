@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! handle ─ route ─ client_address ─ read_body ─ bucket_requests ─ decide ─ forward ─ after_response ─ finish
-//!           400/405/431/404    400         413/400         400          429/503    502/504                502
+//!           400/405/431/404    400         413/400       400/401        429/503    502/504                502
 //! ```
 //!
 //! Every request leaves one access-log line and its counters. The pure parts live beside:
@@ -33,9 +33,11 @@ use self::accounting::BucketAccount;
 use self::body::read_body;
 use self::checks::FieldScan;
 pub use self::reject::{Cause, Reject, Reports};
+use crate::config::Tier;
 use crate::config::{HeaderMode, Mode, PathMatching, StoreFailurePolicy};
 use crate::in_flight::RequestInFlight;
-use crate::key::{self, RequestFacts};
+use crate::jwt::{self, JwtVerifier};
+use crate::key::{self, KeyError, RequestFacts};
 use crate::limit::{clock, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
 use crate::metrics::{Outcome, StatusClass};
 use crate::respond::{self, FieldValue, SetFields};
@@ -232,7 +234,7 @@ impl Gateway {
         let max_body = routed.runtime.policy.server.max_buffered_body;
         let body = read_body(routed.route, max_body, &parts.headers, body).await?;
         let mut buckets = Buckets::new();
-        self.bucket_requests(routed.route, client, &parts, &body, &mut buckets)?;
+        self.bucket_requests(routed, client, &parts, &body, &mut buckets)?;
         let admission = match self.decide(routed.route, &buckets, exchange, reports).await {
             Ok(admission) => admission,
             Err(reject) => {
@@ -266,28 +268,42 @@ impl Gateway {
     }
 
     /// One bucket per limit of the route that applies to this request (a limit whose key the
-    /// request lacks, or that exempts the client, is skipped as the limit says), into
-    /// `buckets` (filled in place: a handful of buckets is a lot of bytes to move).
+    /// request lacks, that exempts the client, or whose tier is exempt, is skipped as the limit
+    /// says), into `buckets` (filled in place: a handful of buckets is a lot of bytes to move).
     fn bucket_requests<'r>(
         &self,
-        route: &'r ServedRoute,
+        routed: &Routed<'r>,
         client: IpAddr,
         parts: &Parts,
         body: &OutgoingBody,
         buckets: &mut Buckets<'r>,
     ) -> Result<(), Reject> {
+        let route = routed.route;
         let body = match body {
             OutgoingBody::Buffered(bytes) if route.route.reads_body => Some(bytes.as_ref()),
             _ => None,
         };
-        let facts = RequestFacts::new(client, &parts.headers, parts.uri.query(), body);
+        let claims = match &routed.runtime.policy.jwt {
+            Some(jwt) if route.route.reads_token => self.verified_claims(jwt, &parts.headers)?,
+            _ => None,
+        };
+        let facts = RequestFacts::new(client, &parts.headers, parts.uri.query(), body)
+            .with_claims(claims.as_deref());
         let load_factor = self.shared.load.factor();
         for (position, applied) in route.limits.iter().enumerate() {
             let limit = &*applied.limit;
-            let Some(key_parts) = key::extract(limit, &facts, &self.shared.hasher)
-                .map_err(|error| Reject::BadRequest(error.to_string()))?
+            let Some(key_parts) =
+                key::extract(limit, &facts, &self.shared.hasher).map_err(|error| match error {
+                    KeyError::Unauthenticated { .. } => Reject::Unauthenticated(error.to_string()),
+                    _ => Reject::BadRequest(error.to_string()),
+                })?
             else {
                 continue;
+            };
+            let (capacity, rate) = match key::tier(limit, &facts) {
+                Some(Tier::Exempt) => continue,
+                Some(Tier::Bucket { capacity, rate }) => (*capacity, *rate),
+                None => (limit.capacity, limit.rate),
             };
             buckets.push(BucketRequest {
                 key: BucketKey {
@@ -296,8 +312,8 @@ impl Gateway {
                     parts: key_parts,
                 },
                 charge: Charge {
-                    capacity: limit.capacity,
-                    rate: limit.rate.per_second() * load_factor,
+                    capacity,
+                    rate: rate.per_second() * load_factor,
                     cost: applied.cost,
                     enforce: limit.mode == Mode::Enforce,
                 },
@@ -306,6 +322,27 @@ impl Gateway {
             });
         }
         Ok(())
+    }
+
+    /// The claims of the request's token, verified; `None` when it carries none. A token that
+    /// fails any check is refused (401) whatever the limits' `missing` says: a forged token
+    /// must never pick its own bucket.
+    fn verified_claims(
+        &self,
+        jwt: &JwtVerifier,
+        headers: &HeaderMap,
+    ) -> Result<Option<jwt::Claims>, Reject> {
+        let Some(token) = jwt.token(headers) else {
+            return Ok(None);
+        };
+        match jwt.verify(token, clock::unix_seconds()) {
+            Ok(claims) => Ok(Some(claims)),
+            Err(rejection) => {
+                self.shared.metrics.jwt_rejected(rejection).inc();
+                tracing::debug!(reason = rejection.as_str(), "token refused");
+                Err(Reject::InvalidToken)
+            }
+        }
     }
 
     /// One decision for all of the request's buckets: from the store, or as the route's

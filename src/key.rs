@@ -13,7 +13,7 @@ use ipnet::IpNet;
 
 mod json;
 
-use crate::config::{KeySource, Limit, Missing, Normalize};
+use crate::config::{KeySource, Limit, Missing, Normalize, Tier, TierSource};
 use crate::limit::{KeyPart, KeyParts};
 use json::{JsonBody, UnambiguousJson, AMBIGUOUS_KEY};
 
@@ -67,6 +67,8 @@ pub struct RequestFacts<'a> {
     pub query: Option<&'a str>,
     /// The buffered body, for routes whose limits read it.
     pub body: Option<&'a [u8]>,
+    /// The claims of the request's verified token, for routes whose limits read them.
+    pub claims: Option<&'a serde_json::Map<String, serde_json::Value>>,
     json: OnceCell<JsonBody>,
     form: OnceCell<Vec<(String, String)>>,
 }
@@ -83,9 +85,18 @@ impl<'a> RequestFacts<'a> {
             headers,
             query,
             body,
+            claims: None,
             json: OnceCell::new(),
             form: OnceCell::new(),
         }
+    }
+
+    /// The same facts, with the claims of a verified token.
+    pub fn with_claims(
+        self,
+        claims: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    ) -> RequestFacts<'a> {
+        RequestFacts { claims, ..self }
     }
 
     fn json(&self) -> &JsonBody {
@@ -118,6 +129,10 @@ pub enum KeyError {
     /// The request says a key's value two ways, and the application may read the other one.
     #[error("{0}")]
     Unclear(String),
+    /// A `missing = "reject"` limit keyed by a token's claim, and no verified token carries it:
+    /// answered 401.
+    #[error("no token with {what}, required by limit {limit:?}")]
+    Unauthenticated { limit: String, what: String },
 }
 
 /// The key of `limit` for this request: `Ok(None)` when the limit does not apply to it
@@ -152,6 +167,12 @@ pub fn extract(
             None => {
                 return match limit.missing {
                     Missing::Skip => Ok(None),
+                    Missing::Reject if matches!(source, KeySource::JwtClaim(_)) => {
+                        Err(KeyError::Unauthenticated {
+                            limit: limit.name.to_string(),
+                            what: describe(source),
+                        })
+                    }
                     Missing::Reject => Err(KeyError::Missing {
                         limit: limit.name.to_string(),
                         what: describe(source),
@@ -191,6 +212,7 @@ fn describe(source: &KeySource) -> String {
         KeySource::Cookie(name) => format!("cookie {name:?}"),
         KeySource::JsonField(path) => format!("JSON body field {path:?}"),
         KeySource::FormField(name) => format!("form field {name:?}"),
+        KeySource::JwtClaim(path) => format!("JWT claim {path:?}"),
     }
 }
 
@@ -271,8 +293,10 @@ fn value_of<'f>(
                 .map(|(_, value)| value.as_str());
             single_value(source, values)?.map(Cow::Borrowed)
         }
+        KeySource::JwtClaim(path) => facts.claims.and_then(|claims| scalar_at(claims, path)),
         KeySource::JsonField(path) => match facts.json() {
-            JsonBody::Parsed(json) => json_field(json, path).map(Cow::Owned),
+            JsonBody::Parsed(serde_json::Value::Object(json)) => scalar_at(json, path),
+            JsonBody::Parsed(_) => None,
             JsonBody::Unreadable => None,
             JsonBody::Ambiguous => {
                 return Err(KeyError::Unclear(
@@ -308,18 +332,45 @@ fn single_value<'v>(
     Ok(Some(first))
 }
 
-/// Follows a dotted path (`user.email`) to a scalar.
-fn json_field(json: &serde_json::Value, path: &str) -> Option<String> {
-    let mut current = json;
-    for segment in path.split('.') {
+/// Follows a dotted path (`user.email`, `org.id`) from a JSON object to a scalar: a string as
+/// it is, a number or a boolean as JSON writes it.
+fn scalar_at<'j>(
+    object: &'j serde_json::Map<String, serde_json::Value>,
+    path: &str,
+) -> Option<Cow<'j, str>> {
+    let mut segments = path.split('.');
+    let mut current = object.get(segments.next()?)?;
+    for segment in segments {
         current = current.as_object()?.get(segment)?;
     }
     match current {
-        serde_json::Value::String(text) => Some(text.clone()),
-        serde_json::Value::Number(number) => Some(number.to_string()),
-        serde_json::Value::Bool(flag) => Some(flag.to_string()),
+        serde_json::Value::String(text) => Some(Cow::Borrowed(text)),
+        serde_json::Value::Number(number) => Some(Cow::Owned(number.to_string())),
+        serde_json::Value::Bool(flag) => Some(Cow::Owned(flag.to_string())),
         _ => None,
     }
+}
+
+/// The tier this request is decided with: the entry of the limit's `tiers` that its tier value
+/// names, or `None` (the limit's own numbers) for any other value, or none.
+pub fn tier<'l>(limit: &'l Limit, facts: &RequestFacts<'_>) -> Option<&'l Tier> {
+    let value: Cow<'_, str> = match limit.tier.as_ref()? {
+        TierSource::JwtClaim(path) => scalar_at(facts.claims?, path)?,
+        TierSource::Header(name) => {
+            let mut values = facts.headers.get_all(name).iter();
+            let value = values.next()?.to_str().ok()?.trim();
+            // Sent twice, the tier is unclear: the limit's own numbers apply.
+            if values.next().is_some() {
+                return None;
+            }
+            Cow::Borrowed(value)
+        }
+    };
+    limit
+        .tiers
+        .iter()
+        .find(|(name, _)| *name == value)
+        .map(|(_, tier)| tier)
 }
 
 #[cfg(test)]
@@ -337,6 +388,43 @@ mod tests {
             query,
             Some(body.as_bytes()),
         )
+    }
+
+    #[test]
+    fn claims_key_by_dotted_path_and_pick_tiers() {
+        std::env::set_var("TOLLGATE_TEST_KEY_SECRET", "k".repeat(32));
+        let policy = policy(
+            "[auth.jwt]\nsecret_env = \"TOLLGATE_TEST_KEY_SECRET\"\n[limits.a]\nkey = { jwt_claim = \"org.id\" }\nmissing = \"reject\"\ncapacity = 5\nrate = \"1/s\"\ntier = { jwt_claim = \"plan\" }\n[limits.a.tiers]\npro = { capacity = 50 }\nstaff = \"exempt\"\n",
+        );
+        let limit = policy.limit("a").unwrap();
+        let headers = HeaderMap::new();
+        let hasher = KeyHasher::from_secret(b"k");
+        let claims = |json: serde_json::Value| json.as_object().unwrap().clone();
+        let keyed = |claims: &serde_json::Map<String, serde_json::Value>| {
+            let facts = RequestFacts::new("192.0.2.1".parse().unwrap(), &headers, None, None)
+                .with_claims(Some(claims));
+            (
+                extract(limit, &facts, &hasher),
+                tier(limit, &facts).copied(),
+            )
+        };
+        let (numeric, pro) = keyed(&claims(
+            serde_json::json!({"org": {"id": 7}, "plan": "pro"}),
+        ));
+        let (text, none) = keyed(&claims(
+            serde_json::json!({"org": {"id": "7"}, "plan": "gold"}),
+        ));
+        assert_eq!(numeric, text, "7 and \"7\" are one key");
+        assert!(matches!(pro, Some(Tier::Bucket { capacity, .. }) if capacity == 50.0));
+        assert_eq!(none, None, "an unknown tier is the limit's own numbers");
+        let (_, staff) = keyed(&claims(
+            serde_json::json!({"org": {"id": 7}, "plan": "staff"}),
+        ));
+        assert_eq!(staff, Some(Tier::Exempt));
+        let (missing, _) = keyed(&claims(serde_json::json!({"org": {"name": "x"}})));
+        assert!(matches!(missing, Err(KeyError::Unauthenticated { .. })));
+        let (object, _) = keyed(&claims(serde_json::json!({"org": {"id": {"n": 1}}})));
+        assert!(object.is_err(), "an object is not a key");
     }
 
     #[test]

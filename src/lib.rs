@@ -16,6 +16,7 @@ mod errors;
 pub mod gateway;
 mod hex;
 mod in_flight;
+pub mod jwt;
 pub mod key;
 pub mod limit;
 pub mod metrics;

@@ -16,6 +16,7 @@ mod per_thread;
 
 use crate::client_ip::TrustWarning;
 use crate::config::{Limit, Route};
+use crate::jwt::Rejection;
 
 /// How a request ended, as counted in `tollgate_requests_total{outcome}`. The discriminant
 /// indexes a route's counters.
@@ -127,6 +128,7 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     client_ip_warnings: IntCounterVec,
     penalties: IntCounterVec,
+    jwt_rejected: IntCounterVec,
     pub load_factor: Gauge,
 }
 
@@ -242,6 +244,11 @@ impl Metrics {
             "Adaptive penalties: keys tripped by repeated upstream errors, per limit.",
             &["limit"],
         );
+        let jwt_rejected = counter(
+            "tollgate_jwt_rejected_total",
+            "Tokens refused (401) on routes whose limits read a claim, by reason.",
+            &["reason"],
+        );
         let load_factor = Gauge::new(
             "tollgate_load_factor",
             "What every limit's refill rate is multiplied by now (1: no overload).",
@@ -256,6 +263,9 @@ impl Metrics {
         }
         for warning in TrustWarning::ALL {
             client_ip_warnings.with_label_values(&[warning.as_str()]);
+        }
+        for reason in Rejection::ALL {
+            jwt_rejected.with_label_values(&[reason.as_str()]);
         }
         Metrics {
             registry,
@@ -276,6 +286,7 @@ impl Metrics {
             config_reloads,
             client_ip_warnings,
             penalties,
+            jwt_rejected,
             load_factor,
         }
     }
@@ -288,6 +299,11 @@ impl Metrics {
             tracing::warn!(%error, "cannot encode metrics");
         }
         String::from_utf8(buffer).unwrap_or_default()
+    }
+
+    /// `tollgate_jwt_rejected_total{reason}`.
+    pub fn jwt_rejected(&self, reason: Rejection) -> SharedIntCounter {
+        self.jwt_rejected.with_label_values(&[reason.as_str()])
     }
 
     pub fn store_call(&self, backend: &str) -> StoreCallMetrics {

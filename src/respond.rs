@@ -92,6 +92,10 @@ pub fn rejection(
         Reject::PayloadTooLarge(limit) => payload_too_large(limit),
         Reject::HeaderFieldsTooLarge => header_fields_too_large(),
         Reject::NoRoute => not_found(),
+        Reject::InvalidToken => {
+            unauthorized("Bearer error=\"invalid_token\"", "invalid_token", None)
+        }
+        Reject::Unauthenticated(detail) => unauthorized("Bearer", "unauthorized", Some(&detail)),
         Reject::Limited => too_many_requests(mode, reports, fields),
         Reject::StoreUnavailable => store_unavailable(1),
         Reject::Upstream(ForwardError::Timeout(_)) => gateway_timeout(),
@@ -173,6 +177,16 @@ pub fn error(status: StatusCode, code: &str, detail: Option<&str>) -> Response<B
 
 pub fn bad_request(detail: &str) -> Response<Body> {
     error(StatusCode::BAD_REQUEST, "bad_request", Some(detail))
+}
+
+/// 401 with the `WWW-Authenticate` challenge a bearer-token client reads.
+pub fn unauthorized(challenge: &'static str, code: &str, detail: Option<&str>) -> Response<Body> {
+    let mut response = error(StatusCode::UNAUTHORIZED, code, detail);
+    response.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
+    response
 }
 
 pub fn not_found() -> Response<Body> {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis_server::{RedisCluster, RedisServer};
+use common::tokens;
 use common::*;
 use tollgate::Tollgate;
 
@@ -866,4 +867,95 @@ async fn rediss_verifies_the_server_against_the_configured_roots() {
             .status,
         503
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_from_verified_claims_are_shared_by_replicas_and_keep_tokens() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let secret = "redis-tier-test-secret-0123456789abcdef";
+    std::env::set_var("TOLLGATE_TEST_REDIS_JWT_SECRET", secret);
+    let policy = format!(
+        r#"
+[store]
+backend = "redis"
+url = "{}"
+timeout = "2s"
+hash_key = "test-secret-0123456789"
+
+[auth.jwt]
+secret_env = "TOLLGATE_TEST_REDIS_JWT_SECRET"
+
+[upstreams.app]
+url = "http://{{upstream}}"
+
+[limits.per_user]
+key = {{ jwt_claim = "sub" }}
+missing = "reject"
+capacity = 3
+rate = "1/h"
+tier = {{ jwt_claim = "plan" }}
+
+[limits.per_user.tiers]
+pro = {{ capacity = 6 }}
+internal = "exempt"
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstream = "app"
+limits = ["per_user"]
+on_store_failure = "deny"
+"#,
+        redis.url()
+    );
+    let gateways = replicas(&policy, upstream.address, 2).await;
+    let token = |sub: &str, plan: Option<&str>| {
+        let mut claims = tokens::claims(sub, serde_json::json!({}));
+        if let Some(plan) = plan {
+            claims["plan"] = plan.into();
+        }
+        vec![(
+            "authorization".to_owned(),
+            format!("Bearer {}", tokens::hs256(secret.as_bytes(), &claims)),
+        )]
+    };
+    assert_eq!(hammer(&gateways, "/", token("pat", None), 20, 4).await, 3);
+    assert_eq!(
+        hammer(&gateways, "/", token("quinn", Some("pro")), 20, 4).await,
+        6
+    );
+    assert_eq!(
+        hammer(&gateways, "/", token("ops", Some("internal")), 20, 4).await,
+        20
+    );
+    // pat, empty at the free tier, upgrades: the bucket is the same, still empty.
+    assert_eq!(
+        hammer(&gateways, "/", token("pat", Some("pro")), 4, 2).await,
+        0
+    );
+    // A forged token is refused on both replicas; it never reaches the bucket.
+    let forged = format!(
+        "Bearer {}",
+        tokens::hs256(
+            b"guessed-secret-guessed-secret-00",
+            &tokens::claims("rex", serde_json::json!({}))
+        )
+    );
+    for gateway in &gateways {
+        let client = HttpClient::new(gateway.addresses[0]);
+        for _ in 0..3 {
+            let reply = client.get("/", &[("authorization", &forged)]).await;
+            assert_eq!(reply.status, 401);
+        }
+    }
+    let client = HttpClient::new(gateways[1].addresses[0]);
+    let reply = client
+        .get("/", &[("authorization", &token("rex", None)[0].1)])
+        .await;
+    assert_eq!(
+        reply.status, 200,
+        "rex's bucket was never charged by the forgeries"
+    );
+    assert_eq!(reply.header("ratelimit-remaining"), Some("2"));
 }

@@ -1,6 +1,7 @@
 //! Raw TOML → validated [`Policy`]. Every error names the file, the line and column, the key
 //! path and what would be valid; all errors of a file are reported at once.
 
+mod auth;
 mod limits;
 mod routes;
 mod server;
@@ -146,10 +147,17 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         .filter_map(|(name, upstream)| upstreams::compile_upstream(name, upstream, base, errors))
         .map(Arc::new)
         .collect();
+    let jwt_configured = raw.auth.jwt.is_some();
+    let jwt = raw
+        .auth
+        .jwt
+        .and_then(|jwt| auth::compile_jwt(jwt, base, errors));
     let limits: Vec<Arc<Limit>> = raw
         .limits
         .into_iter()
-        .filter_map(|(name, limit)| limits::compile_limit(name, limit, &client_ip, errors))
+        .filter_map(|(name, limit)| {
+            limits::compile_limit(name, limit, &client_ip, jwt_configured, errors)
+        })
         .map(Arc::new)
         .collect();
     let mut routes = Vec::with_capacity(raw.routes.len());
@@ -181,6 +189,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         limits,
         routes,
         overload,
+        jwt,
         warnings: Vec::new(),
     };
     if policy.routes.is_empty() {
@@ -217,6 +226,9 @@ fn warnings(policy: &Policy) -> Vec<String> {
                 .any(|entry| Arc::ptr_eq(&entry.limit, limit))
         }) {
             warnings.push(format!("limit {:?} is not used by any route", limit.name));
+        }
+        if let Some(super::TierSource::Header(name)) = &limit.tier {
+            warnings.push(format!("limit {:?} takes its tier from the {name} header: a client that can set it picks its own tier, so only a proxy in front must set it (and remove what clients send)", limit.name));
         }
     }
     for upstream in &policy.upstreams {

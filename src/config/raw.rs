@@ -32,6 +32,34 @@ pub struct RawConfig {
     #[serde(default)]
     pub routes: Vec<Spanned<RawRoute>>,
     pub overload: Option<Spanned<RawOverload>>,
+    #[serde(default)]
+    pub auth: RawAuth,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    pub jwt: Option<Spanned<RawJwt>>,
+}
+
+/// `[auth.jwt]`: where tokens are found and what verifies them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    pub from: Option<Spanned<RawTokenSource>>,
+    pub jwks_file: Option<Spanned<String>>,
+    pub secret_env: Option<Spanned<String>>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub leeway: Option<HumanDuration>,
+}
+
+/// `{ header = "authorization" }` or `{ cookie = "session" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTokenSource {
+    pub header: Option<String>,
+    pub cookie: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -164,6 +192,68 @@ pub struct RawLimit {
     pub ipv6_prefix: Option<Spanned<i64>>,
     pub adaptive: Option<Spanned<RawAdaptive>>,
     pub charge_on_status: Option<Spanned<BTreeMap<String, f64>>>,
+    pub tier: Option<Spanned<RawTierSource>>,
+    /// Accept a tier from a header, which only a proxy in front may set.
+    pub trust_header: Option<bool>,
+    pub tiers: Option<Spanned<BTreeMap<String, RawTier>>>,
+}
+
+/// `tier = { jwt_claim = "plan" }` or `tier = { header = "x-plan" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTierSource {
+    pub jwt_claim: Option<String>,
+    pub header: Option<String>,
+}
+
+/// An entry of `[limits.X.tiers]`: `"exempt"`, or the numbers that replace the limit's own.
+#[derive(Debug)]
+pub enum RawTier {
+    Exempt,
+    Numbers {
+        capacity: Option<f64>,
+        rate: Option<HumanRate>,
+    },
+}
+
+impl<'de> Deserialize<'de> for RawTier {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Numbers {
+            capacity: Option<f64>,
+            rate: Option<HumanRate>,
+        }
+
+        struct TierVisitor;
+
+        impl<'de> Visitor<'de> for TierVisitor {
+            type Value = RawTier;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"exempt\" or a table such as { capacity = 1000, rate = \"100/s\" }")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<RawTier, E> {
+                match text {
+                    "exempt" => Ok(RawTier::Exempt),
+                    other => Err(E::custom(format!(
+                        "{other:?}: expected \"exempt\" or a table such as {{ capacity = 1000, rate = \"100/s\" }}"
+                    ))),
+                }
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawTier, A::Error> {
+                let numbers = Numbers::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(RawTier::Numbers {
+                    capacity: numbers.capacity,
+                    rate: numbers.rate,
+                })
+            }
+        }
+
+        deserializer.deserialize_any(TierVisitor)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -317,9 +407,11 @@ pub enum KeySource {
     /// A dotted path into a JSON body.
     JsonField(String),
     FormField(String),
+    /// A dotted path into a verified token's claims (`[auth.jwt]`).
+    JwtClaim(String),
 }
 
-const KEY_EXPECTED: &str = "\"client_network\", \"global\", { header = \"..\" }, { query = \"..\" }, { cookie = \"..\" }, { json_field = \"..\" }, { form_field = \"..\" }, or a list of these";
+const KEY_EXPECTED: &str = "\"client_network\", \"global\", { header = \"..\" }, { query = \"..\" }, { cookie = \"..\" }, { json_field = \"..\" }, { form_field = \"..\" }, { jwt_claim = \"..\" }, or a list of these";
 
 impl<'de> Deserialize<'de> for KeySource {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -368,6 +460,7 @@ impl<'de> Visitor<'de> for KeySourceVisitor {
             "cookie" => Ok(KeySource::Cookie(name)),
             "json_field" => Ok(KeySource::JsonField(name)),
             "form_field" => Ok(KeySource::FormField(name)),
+            "jwt_claim" => Ok(KeySource::JwtClaim(name)),
             other => Err(de::Error::custom(format!(
                 "unknown key source {other:?}: expected {KEY_EXPECTED}"
             ))),

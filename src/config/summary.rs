@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::Method;
 
-use super::{KeySource, Missing, Mode, Normalize, PathMatch, Policy};
+use super::{KeySource, Missing, Mode, Normalize, PathMatch, Policy, Tier, TierSource};
 use crate::client_ip::Trust;
 
 pub(super) fn summary(policy: &Policy) -> String {
@@ -36,6 +36,9 @@ pub(super) fn summary(policy: &Policy) -> String {
         "client address: {trust}; networks /{} (IPv4), /{} (IPv6)",
         policy.client_ip.ipv4_prefix, policy.client_ip.ipv6_prefix
     );
+    if let Some(jwt) = &policy.jwt {
+        let _ = writeln!(out, "identity: {jwt}");
+    }
     let _ = writeln!(
         out,
         "store: {}, max {} keys",
@@ -130,6 +133,21 @@ pub(super) fn summary(policy: &Policy) -> String {
         for (status, tokens) in &limit.charge_on_status {
             notes.push(format!("{status} costs +{tokens}"));
         }
+        if let Some(source) = &limit.tier {
+            let source = match source {
+                TierSource::JwtClaim(path) => format!("jwt claim {path}"),
+                TierSource::Header(name) => format!("header {name}"),
+            };
+            let tiers: Vec<String> = limit
+                .tiers
+                .iter()
+                .map(|(name, tier)| match tier {
+                    Tier::Exempt => format!("{name} exempt"),
+                    Tier::Bucket { capacity, rate } => format!("{name} {capacity} @ {rate}"),
+                })
+                .collect();
+            notes.push(format!("tiers by {source}: {}", tiers.join("; ")));
+        }
         let _ = writeln!(
             out,
             "  {:<16} {:<30} {:>9} {:>14} {:>12}  {}",
@@ -193,5 +211,6 @@ fn describe_source(source: &KeySource) -> String {
         KeySource::Cookie(name) => format!("cookie {name}"),
         KeySource::JsonField(name) => format!("json {name}"),
         KeySource::FormField(name) => format!("form {name}"),
+        KeySource::JwtClaim(path) => format!("jwt claim {path}"),
     }
 }

@@ -29,6 +29,14 @@ pub enum Reject {
     /// A head over `max_header_bytes` (431). Caused by the client.
     #[error("request head too large")]
     HeaderFieldsTooLarge,
+    /// The request carries a token that fails verification, on a route whose limits read a
+    /// claim (401, `Bearer error="invalid_token"`). Caused by the client.
+    #[error("invalid token")]
+    InvalidToken,
+    /// A `missing = "reject"` limit keyed by a claim, and no token carries it (401). Caused by
+    /// the client.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
     /// No route matches (404). Caused by the client.
     #[error("no route")]
     NoRoute,
@@ -78,6 +86,8 @@ impl Reject {
             | Reject::MethodNotAllowed
             | Reject::PayloadTooLarge(_)
             | Reject::HeaderFieldsTooLarge
+            | Reject::InvalidToken
+            | Reject::Unauthenticated(_)
             | Reject::NoRoute => Some(Cause::Client),
             Reject::Limited => None,
             Reject::StoreUnavailable => Some(Cause::Store),
@@ -94,7 +104,9 @@ impl Reject {
             Reject::BadRequest(_)
             | Reject::MethodNotAllowed
             | Reject::PayloadTooLarge(_)
-            | Reject::HeaderFieldsTooLarge => Some(Outcome::BadRequest),
+            | Reject::HeaderFieldsTooLarge
+            | Reject::InvalidToken
+            | Reject::Unauthenticated(_) => Some(Outcome::BadRequest),
             Reject::NoRoute => Some(Outcome::NoRoute),
             Reject::Limited => Some(Outcome::Limited),
             Reject::StoreUnavailable => Some(Outcome::StoreUnavailable),
@@ -115,6 +127,8 @@ mod tests {
             Reject::MethodNotAllowed,
             Reject::PayloadTooLarge(1),
             Reject::HeaderFieldsTooLarge,
+            Reject::InvalidToken,
+            Reject::Unauthenticated("x".to_owned()),
         ];
         for reject in &client_errors {
             assert_eq!(reject.outcome(), Some(Outcome::BadRequest), "{reject}");

@@ -28,6 +28,13 @@ pub fn system_time() -> SystemTime {
     SystemTime::now()
 }
 
+/// Whole seconds since the Unix epoch, for token expiry (`exp`, `nbf`).
+pub fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
 /// Nanoseconds since the clock's origin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Timestamp(pub u64);

@@ -23,6 +23,7 @@ use tollgate::{Options, Tollgate};
 
 pub mod differential;
 pub mod redis_server;
+pub mod tokens;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type TestBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;

@@ -2,6 +2,8 @@ const HTTP1: &str = "fast";
 
 #[path = "cases/http1.rs"]
 mod http1;
+#[path = "cases/identity.rs"]
+mod identity;
 #[path = "cases/limits.rs"]
 mod limits;
 #[path = "cases/proxy.rs"]

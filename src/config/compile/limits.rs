@@ -11,7 +11,9 @@ use super::server::{networks, prefix_length};
 use super::Errors;
 use crate::config::raw::{self, RawKey};
 use crate::config::units::MAX_EXACT_TOKENS;
-use crate::config::{Adaptive, ClientIpSettings, KeySource, Limit, Overload};
+use crate::config::{
+    Adaptive, ClientIpSettings, KeySource, Limit, Overload, Rate, Tier, TierSource,
+};
 use crate::limit::AdaptiveParams;
 
 /// The longest an empty bucket may take to fill (so that every announced wait is a number a
@@ -22,6 +24,7 @@ pub(super) fn compile_limit(
     name: String,
     raw: Spanned<raw::RawLimit>,
     client_ip: &ClientIpSettings,
+    jwt_configured: bool,
     errors: &mut Errors<'_>,
 ) -> Option<Limit> {
     let key = format!("limits.{name}");
@@ -67,6 +70,27 @@ pub(super) fn compile_limit(
         .into_iter()
         .filter(|source| *source != KeySource::Global)
         .collect();
+    if !jwt_configured
+        && key_sources
+            .iter()
+            .any(|source| matches!(source, KeySource::JwtClaim(_)))
+    {
+        errors.at(Some(raw.key.span()), format!("{key}.key"), NEEDS_JWT);
+    }
+    let tier = raw
+        .tier
+        .map(|tier| compile_tier_source(tier, &key, raw.trust_header, jwt_configured, errors));
+    let tiers = raw
+        .tiers
+        .map(|tiers| compile_tiers(tiers, &key, capacity, raw.rate.get_ref().0, errors))
+        .unwrap_or_default();
+    if tier.is_some() == tiers.is_empty() {
+        errors.at(
+            Some(span.clone()),
+            format!("{key}.tiers"),
+            "tier (where a request's tier comes from) and [limits.NAME.tiers] (the numbers of each tier) go together",
+        );
+    }
     let exempt = raw
         .exempt
         .as_ref()
@@ -97,6 +121,7 @@ pub(super) fn compile_limit(
     let normalize = raw.normalize.unwrap_or_default();
     let fingerprint = fingerprint(&[
         &format!("{key_sources:?}"),
+        &format!("{tiers:?}"),
         &format!("{normalize:?}"),
         &capacity.to_bits().to_string(),
         &rate.per_second().to_bits().to_string(),
@@ -117,7 +142,93 @@ pub(super) fn compile_limit(
         fingerprint,
         adaptive,
         charge_on_status,
+        tier: tier.flatten(),
+        tiers,
     })
+}
+
+const NEEDS_JWT: &str =
+    "a jwt_claim is read from a verified token: configure [auth.jwt] (jwks_file or secret_env)";
+
+fn compile_tier_source(
+    raw: Spanned<raw::RawTierSource>,
+    key: &str,
+    trust_header: Option<bool>,
+    jwt_configured: bool,
+    errors: &mut Errors<'_>,
+) -> Option<TierSource> {
+    let span = Some(raw.span());
+    let key = format!("{key}.tier");
+    match raw.into_inner() {
+        raw::RawTierSource {
+            jwt_claim: Some(path),
+            header: None,
+        } if !path.is_empty() => {
+            if !jwt_configured {
+                errors.at(span, key, NEEDS_JWT);
+            }
+            Some(TierSource::JwtClaim(path))
+        }
+        raw::RawTierSource {
+            jwt_claim: None,
+            header: Some(name),
+        } => {
+            let Ok(name) = http::HeaderName::from_bytes(name.as_bytes()) else {
+                errors.at(span, key, format!("{name:?} is not a valid header name"));
+                return None;
+            };
+            if trust_header != Some(true) {
+                errors.at(span, key, "a tier from a header lets every client that can set it pick its own tier: set trust_header = true on the limit when a proxy in front sets it, or use { jwt_claim = \"..\" }");
+            }
+            Some(TierSource::Header(name))
+        }
+        _ => {
+            errors.at(
+                span,
+                key,
+                "name one source: { jwt_claim = \"plan\" } or { header = \"x-plan\" }",
+            );
+            None
+        }
+    }
+}
+
+/// `[limits.X.tiers]`: each tier's numbers (the limit's own where a tier leaves one out), or
+/// `"exempt"`.
+fn compile_tiers(
+    raw: Spanned<BTreeMap<String, raw::RawTier>>,
+    key: &str,
+    capacity: f64,
+    rate: Rate,
+    errors: &mut Errors<'_>,
+) -> Vec<(String, Tier)> {
+    let span = Some(raw.span());
+    let mut tiers = Vec::new();
+    for (name, tier) in raw.into_inner() {
+        let tier_key = format!("{key}.tiers.{name}");
+        let tier = match tier {
+            raw::RawTier::Exempt => Tier::Exempt,
+            raw::RawTier::Numbers {
+                capacity: tier_capacity,
+                rate: tier_rate,
+            } => {
+                let capacity = tier_capacity.unwrap_or(capacity);
+                let rate = tier_rate.map_or(rate, |rate| rate.0);
+                if !(capacity.is_finite() && capacity > 0.0 && capacity <= MAX_EXACT_TOKENS) {
+                    errors.at(span.clone(), format!("{tier_key}.capacity"), format!("{capacity} is out of range: a capacity is more than 0 and at most 2^53"));
+                } else if capacity / rate.per_second() > MAX_REFILL_SECONDS {
+                    errors.at(
+                        span.clone(),
+                        format!("{tier_key}.rate"),
+                        "an empty bucket would take more than 10 years to fill at this rate",
+                    );
+                }
+                Tier::Bucket { capacity, rate }
+            }
+        };
+        tiers.push((name, tier));
+    }
+    tiers
 }
 
 fn status_code(value: i64) -> Option<u16> {
@@ -306,7 +417,7 @@ pub(super) fn valid_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{error, errors, policy};
-    use crate::config::{KeySource, Mode};
+    use crate::config::{KeySource, Mode, Tier, TierSource};
 
     #[test]
     fn a_limit_is_compiled_with_its_key_and_prefixes() {
@@ -385,6 +496,67 @@ mod tests {
         policy(&limit("9007199254740992", "9007199254740992/s"));
         policy(&limit("1000000000000", "1000000000/s"));
         policy(&limit("10", "1/d"));
+    }
+
+    #[test]
+    fn tiers_inherit_what_they_leave_out_and_header_tiers_need_trust() {
+        let base = "[limits.a]\nkey = { header = \"x-key\" }\ncapacity = 5\nrate = \"1/s\"\n";
+        let policy = policy(&format!(
+            "{base}tier = {{ header = \"x-plan\" }}\ntrust_header = true\n[limits.a.tiers]\npro = {{ capacity = 50 }}\nfree = {{ rate = \"1/min\" }}\nstaff = \"exempt\"\n"
+        ));
+        let limit = policy.limit("a").unwrap();
+        assert_eq!(
+            limit.tier,
+            Some(TierSource::Header("x-plan".parse().unwrap()))
+        );
+        let tier = |name: &str| limit.tiers.iter().find(|(tier, _)| tier == name).unwrap().1;
+        assert_eq!(
+            tier("pro"),
+            Tier::Bucket {
+                capacity: 50.0,
+                rate: limit.rate
+            }
+        );
+        match tier("free") {
+            Tier::Bucket { capacity, rate } => {
+                assert_eq!(capacity, 5.0);
+                assert!((rate.per_second() - 1.0 / 60.0).abs() < 1e-12);
+            }
+            Tier::Exempt => panic!("free is a bucket"),
+        }
+        assert_eq!(tier("staff"), Tier::Exempt);
+        assert!(
+            policy
+                .warnings
+                .iter()
+                .any(|warning| warning.contains("picks its own tier")),
+            "{:?}",
+            policy.warnings
+        );
+        let untrusted = error(&format!(
+            "{base}tier = {{ header = \"x-plan\" }}\n[limits.a.tiers]\npro = {{ capacity = 50 }}\n"
+        ));
+        assert_eq!(untrusted.0, "limits.a.tier");
+        assert!(untrusted.1.contains("trust_header"), "{}", untrusted.1);
+        assert_eq!(
+            error(&format!(
+                "{base}[limits.a.tiers]\npro = {{ capacity = 50 }}\n"
+            ))
+            .0,
+            "limits.a.tiers",
+            "tiers without a source"
+        );
+        assert_eq!(
+            error(&format!(
+                "{base}tier = {{ header = \"x-plan\" }}\ntrust_header = true\n[limits.a.tiers]\npro = {{ capacity = 0 }}\n"
+            ))
+            .0,
+            "limits.a.tiers.pro.capacity"
+        );
+        let unknown = errors(&format!(
+            "{base}tier = {{ header = \"x-plan\" }}\ntrust_header = true\n[limits.a.tiers]\npro = \"unlimited\"\n"
+        ));
+        assert!(unknown[0].1.contains("exempt"), "{unknown:?}");
     }
 
     #[test]

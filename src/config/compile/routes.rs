@@ -159,6 +159,7 @@ pub(super) fn compile_route(
         });
     }
     let reads_body = route_limits.iter().any(|entry| entry.limit.reads_body());
+    let reads_token = route_limits.iter().any(|entry| entry.limit.reads_token());
     Some(Route {
         name: Arc::from(name.as_str()),
         host,
@@ -169,6 +170,7 @@ pub(super) fn compile_route(
         limits: route_limits,
         on_store_failure: raw.on_store_failure.unwrap_or_default(),
         reads_body,
+        reads_token,
     })
 }
 

@@ -47,6 +47,7 @@ fn decision(c: &mut Criterion) {
         rate: 1e9,
         cost: 1.0,
         enforce: true,
+        period: None,
     };
     let bucket = |limit: &'static str, parts: Vec<KeyPart>| BucketRequest {
         key: BucketKey {
@@ -163,6 +164,14 @@ fn tokens(c: &mut Criterion) {
     });
 }
 
+fn calendar(c: &mut Criterion) {
+    use tollgate::limit::calendar::{Calendar, Period};
+    let calendar = Calendar::new(Period::Month, Some("Europe/Rome")).unwrap();
+    c.bench_function("quota period: a month in Europe/Rome", |b| {
+        b.iter(|| black_box(calendar.quota_period(black_box(1_796_165_940.5))))
+    });
+}
+
 fn client_address(c: &mut Criterion) {
     let trust = Trust::Hops(2);
     let peer: IpAddr = "10.0.0.2".parse().unwrap();
@@ -259,6 +268,7 @@ criterion_group!(
     decision,
     keys,
     tokens,
+    calendar,
     client_address,
     routing,
     normalization,

@@ -49,6 +49,7 @@ fn main() {
                 rate: 1.0,
                 cost: 1.0,
                 enforce: true,
+                period: None,
             },
             adaptive: None,
             route_limit: 0,

@@ -142,6 +142,9 @@ pub struct Limit {
     pub tier: Option<TierSource>,
     /// `[limits.X.tiers]`, by tier value.
     pub tiers: Vec<(String, Tier)>,
+    /// A calendar quota (`quota`, `period`, `timezone`): `capacity` is the quota, counted per
+    /// period without refill, and `rate` only spreads it over a nominal period for display.
+    pub calendar: Option<crate::limit::calendar::Calendar>,
 }
 
 /// Where a request's tier is read.
@@ -209,7 +212,7 @@ impl Limit {
             .is_some_and(|adaptive| adaptive.on_status.contains(&status))
     }
 
-    /// Seconds an empty bucket takes to fill up.
+    /// Seconds an empty bucket takes to fill up (a quota: its nominal period).
     pub fn refill_seconds(&self) -> f64 {
         self.capacity / self.rate.per_second()
     }

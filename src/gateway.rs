@@ -290,6 +290,8 @@ impl Gateway {
         let facts = RequestFacts::new(client, &parts.headers, parts.uri.query(), body)
             .with_claims(claims.as_deref());
         let load_factor = self.shared.load.factor();
+        // Read once, and only for a route with a calendar quota.
+        let mut calendar_now = None;
         for (position, applied) in route.limits.iter().enumerate() {
             let limit = &*applied.limit;
             let Some(key_parts) =
@@ -311,11 +313,25 @@ impl Gateway {
                     fingerprint: limit.fingerprint,
                     parts: key_parts,
                 },
-                charge: Charge {
-                    capacity,
-                    rate: rate.per_second() * load_factor,
-                    cost: applied.cost,
-                    enforce: limit.mode == Mode::Enforce,
+                charge: match &limit.calendar {
+                    None => Charge {
+                        capacity,
+                        rate: rate.per_second() * load_factor,
+                        cost: applied.cost,
+                        enforce: limit.mode == Mode::Enforce,
+                        period: None,
+                    },
+                    Some(calendar) => {
+                        let now =
+                            *calendar_now.get_or_insert_with(|| self.shared.store.calendar_now());
+                        Charge {
+                            capacity,
+                            rate: 0.0,
+                            cost: applied.cost,
+                            enforce: limit.mode == Mode::Enforce,
+                            period: Some(calendar.quota_period(now)),
+                        }
+                    }
                 },
                 adaptive: limit.adaptive.as_ref().map(|adaptive| adaptive.params),
                 route_limit: position,

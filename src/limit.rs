@@ -6,6 +6,7 @@
 pub mod adaptive;
 pub mod breaker;
 pub mod bucket;
+pub mod calendar;
 pub mod clock;
 pub mod deny_cache;
 pub mod memory;
@@ -16,7 +17,7 @@ use std::fmt;
 use ipnet::IpNet;
 
 pub use adaptive::{AdaptiveParams, AdaptiveState};
-pub use bucket::{BucketState, Charge, Verdict};
+pub use bucket::{BucketState, Charge, QuotaPeriod, Verdict};
 pub use clock::{Clock, Timestamp};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
@@ -208,6 +209,15 @@ impl Store {
             Store::Memory(store) => Ok(store.decide(requests)),
             // Boxed so that the memory store's callers do not carry the Redis call's state.
             Store::Redis(store) => Box::pin(store.decide(requests)).await,
+        }
+    }
+
+    /// The calendar time (Unix seconds) quotas are placed in: the store's clock, and with
+    /// Redis, as the servers' `TIME` reads it (estimated from their replies).
+    pub fn calendar_now(&self) -> f64 {
+        match self {
+            Store::Memory(store) => store.clock().unix(),
+            Store::Redis(store) => store.calendar_now(),
         }
     }
 

@@ -388,7 +388,8 @@ fn add_legacy_headers(headers: &mut SetFields, reports: &[LimitReport<'_>]) {
 /// `RateLimit-Policy: "name";q=<capacity>;w=<seconds to refill>` and
 /// `RateLimit: "name";r=<remaining>;t=<seconds>` where `t` is, for a refusing policy, the
 /// wait until the request would pass, otherwise the wait for the next whole token
-/// (0 when full). Names are limit names, never client keys.
+/// (0 when full). For a calendar quota (rate 0), `w` and `t` run to its period's end. Names
+/// are limit names, never client keys.
 fn add_ietf_headers(headers: &mut SetFields, reports: &[LimitReport<'_>]) {
     let mut policy = String::new();
     let mut state = String::new();
@@ -397,7 +398,12 @@ fn add_ietf_headers(headers: &mut SetFields, reports: &[LimitReport<'_>]) {
             policy.push_str(", ");
             state.push_str(", ");
         }
-        let window = whole((report.capacity / report.rate).ceil()).max(1);
+        let quota = report.rate <= 0.0;
+        let window = if quota {
+            whole(report.full_in.ceil()).max(1)
+        } else {
+            whole((report.capacity / report.rate).ceil()).max(1)
+        };
         policy.push_str(&format!(
             "\"{}\";q={};w={window}",
             report.name,
@@ -407,6 +413,8 @@ fn add_ietf_headers(headers: &mut SetFields, reports: &[LimitReport<'_>]) {
             retry_after_seconds(report.wait)
         } else if report.tokens >= report.capacity {
             0
+        } else if quota {
+            whole(report.full_in.ceil())
         } else {
             let next = report.tokens.max(0.0).floor() + 1.0;
             whole(((next.min(report.capacity) - report.tokens) / report.rate).ceil())

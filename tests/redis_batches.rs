@@ -60,6 +60,7 @@ fn bucket(
             rate: RATE,
             cost,
             enforce: true,
+            period: None,
         },
         adaptive: None,
         route_limit: 0,

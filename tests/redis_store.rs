@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::redis_server::{RedisCluster, RedisServer};
 use common::tokens;
 use common::*;
+use tollgate::limit::Clock;
 use tollgate::Tollgate;
 
 fn policy(store_url: &str, capacity: u32, rate: &str) -> String {
@@ -663,11 +664,8 @@ async fn the_gateway_starts_while_redis_is_down() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_of_three_masters_is_exact_and_refunds_across_slots() {
-    let cluster = RedisCluster::start();
-    let upstream = start_upstream().await;
-    // Two global limits whose keys live in different slots.
+/// Names of two `global` limits whose keys (prefix `tg:`) live in different Cluster slots.
+fn names_in_two_slots() -> (&'static str, &'static str) {
     let slot = |name: &str| tollgate::limit::redis::slot(format!("tg:{name}:global").as_bytes());
     let names = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
     let first = names[0];
@@ -675,7 +673,15 @@ async fn a_cluster_of_three_masters_is_exact_and_refunds_across_slots() {
         .iter()
         .copied()
         .find(|name| slot(name) != slot(first))
-        .unwrap();
+        .expect("two slots among six names");
+    (first, second)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_of_three_masters_is_exact_and_refunds_across_slots() {
+    let cluster = RedisCluster::start();
+    let upstream = start_upstream().await;
+    let (first, second) = names_in_two_slots();
     let text = policy(&cluster.url(), 50, "1/h")
         + &format!(
             r#"
@@ -958,4 +964,162 @@ on_store_failure = "deny"
         "rex's bucket was never charged by the forgeries"
     );
     assert_eq!(reply.header("ratelimit-remaining"), Some("2"));
+}
+
+fn quota_policy(store_url: &str, quota: u32) -> String {
+    format!(
+        r#"
+[store]
+backend = "redis"
+url = "{store_url}"
+timeout = "2s"
+prefix = "tg:"
+hash_key = "test-secret-0123456789"
+
+[upstreams.app]
+url = "http://{{upstream}}"
+
+[limits.hourly]
+key = "global"
+quota = {quota}
+period = "hour"
+
+[[routes]]
+name = "all"
+path_prefix = "/"
+upstream = "app"
+limits = ["hourly"]
+on_store_failure = "deny"
+"#
+    )
+}
+
+/// Unix seconds now, waited past the next hour's start if it is less than 15 s away: the
+/// tests below count within one hour of Redis's clock.
+async fn well_inside_an_hour() -> u64 {
+    let now = tokens::now();
+    let to_next_hour = 3600 - now % 3600;
+    if to_next_hour < 15 {
+        tokio::time::sleep(Duration::from_secs(to_next_hour + 1)).await;
+    }
+    tokens::now()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_quota_counted_in_the_period_redis_time_says() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let policy = quota_policy(&redis.url(), 12);
+    let now = well_inside_an_hour().await;
+    // One replica's clock is an hour behind: it names the previous hour, whose end Redis's
+    // clock has passed, so its requests count in the same hour as the others'.
+    let behind = Clock::manual_at(now - 3600);
+    let mut gateways = replicas(&policy, upstream.address, 2).await;
+    gateways.push(Arc::new(
+        start_gateway_with_clock(&policy, upstream.address, Some(behind)).await,
+    ));
+    assert_eq!(hammer(&gateways, "/", vec![], 60, 6).await, 12);
+    let keys = redis.cli(&["--scan", "--pattern", "tg:hourly:*"]);
+    assert_eq!(keys.trim(), "tg:hourly:global", "one key for the period");
+    let fields = redis.cli(&["HMGET", "tg:hourly:global", "tokens", "p"]);
+    let fields: Vec<&str> = fields.split_whitespace().collect();
+    let hour_end = (now / 3600 + 1) * 3600;
+    assert_eq!(fields, ["0", hour_end.to_string().as_str()]);
+    let ttl: u64 = redis
+        .cli(&["PTTL", "tg:hourly:global"])
+        .trim()
+        .parse()
+        .unwrap();
+    let to_end_ms = (hour_end - now) * 1000;
+    assert!(
+        ttl <= to_end_ms + 1000 && ttl + 10_000 >= to_end_ms,
+        "expires with its hour: PTTL {ttl}, {to_end_ms} ms to go"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_starts_over_when_the_gateway_clock_enters_the_next_period() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let now = well_inside_an_hour().await;
+    // A test-only clock: the Redis server's own clock cannot be moved.
+    let clock = Clock::manual_at(now);
+    let gateway = start_gateway_with_clock(
+        &quota_policy(&redis.url(), 2),
+        upstream.address,
+        Some(clock.clone()),
+    )
+    .await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    assert_eq!(client.get("/", &[]).await.status, 200);
+    assert_eq!(client.get("/", &[]).await.status, 200);
+    let refused = client.get("/", &[]).await;
+    assert_eq!(refused.status, 429);
+    let to_next_hour = 3600 - now % 3600;
+    let retry_after: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        retry_after.abs_diff(to_next_hour) <= 2,
+        "Retry-After {retry_after}, {to_next_hour} s to the next hour"
+    );
+    // A second into the next hour (the servers' clock may read a moment behind this one's).
+    clock.advance(Duration::from_secs(to_next_hour + 1));
+    let reply = client.get("/", &[]).await;
+    assert_eq!(reply.status, 200, "the next hour's count");
+    assert_eq!(reply.header("ratelimit-remaining"), Some("1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_on_a_cluster_is_exact_and_given_back_when_another_slot_refuses() {
+    let cluster = RedisCluster::start();
+    let upstream = start_upstream().await;
+    well_inside_an_hour().await;
+    let slot = |name: &str| tollgate::limit::redis::slot(format!("tg:{name}:global").as_bytes());
+    let names = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
+    let (quota, bucket) = (
+        names[0],
+        names
+            .iter()
+            .copied()
+            .find(|name| slot(name) != slot(names[0]))
+            .unwrap(),
+    );
+    let text = quota_policy(&cluster.url(), 50).replace(
+        "[[routes]]",
+        &format!(
+            r#"
+[limits.{quota}]
+key = "global"
+quota = 10
+period = "hour"
+
+[limits.{bucket}]
+key = "global"
+capacity = 3
+rate = "1/h"
+
+[[routes]]
+name = "both"
+path = "/both"
+upstream = "app"
+limits = ["{quota}", "{bucket}"]
+
+[[routes]]
+name = "quota"
+path = "/quota"
+upstream = "app"
+limits = ["{quota}"]
+
+[[routes]]"#
+        ),
+    );
+    let gateways = replicas(&text, upstream.address, 3).await;
+    assert_eq!(
+        hammer(&gateways, "/", vec![], 200, 24).await,
+        50,
+        "exact on a cluster"
+    );
+    assert_eq!(hammer(&gateways, "/both", vec![], 3, 1).await, 3);
+    // Refused by the bucket in another slot: the quota's charge is given back.
+    assert_eq!(hammer(&gateways, "/both", vec![], 30, 6).await, 0);
+    assert_eq!(hammer(&gateways, "/quota", vec![], 20, 4).await, 7);
 }

@@ -184,8 +184,12 @@ pub struct RawLimit {
     pub key: Spanned<RawKey>,
     pub normalize: Option<Normalize>,
     pub missing: Option<Missing>,
-    pub capacity: Spanned<f64>,
-    pub rate: Spanned<HumanRate>,
+    /// A token bucket: `capacity` and `rate`; or a calendar quota: `quota` and `period`.
+    pub capacity: Option<Spanned<f64>>,
+    pub rate: Option<Spanned<HumanRate>>,
+    pub quota: Option<Spanned<f64>>,
+    pub period: Option<Spanned<crate::limit::calendar::Period>>,
+    pub timezone: Option<Spanned<String>>,
     pub mode: Option<Mode>,
     pub exempt: Option<Spanned<Vec<String>>>,
     pub ipv4_prefix: Option<Spanned<i64>>,
@@ -213,6 +217,7 @@ pub enum RawTier {
     Numbers {
         capacity: Option<f64>,
         rate: Option<HumanRate>,
+        quota: Option<f64>,
     },
 }
 
@@ -223,6 +228,7 @@ impl<'de> Deserialize<'de> for RawTier {
         struct Numbers {
             capacity: Option<f64>,
             rate: Option<HumanRate>,
+            quota: Option<f64>,
         }
 
         struct TierVisitor;
@@ -248,6 +254,7 @@ impl<'de> Deserialize<'de> for RawTier {
                 Ok(RawTier::Numbers {
                     capacity: numbers.capacity,
                     rate: numbers.rate,
+                    quota: numbers.quota,
                 })
             }
         }

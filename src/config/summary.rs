@@ -109,7 +109,8 @@ pub(super) fn summary(policy: &Policy) -> String {
             notes.push("shadow".to_owned());
         }
         if limit.missing == Missing::Reject {
-            notes.push("missing key → 400".to_owned());
+            let status = if limit.reads_token() { 401 } else { 400 };
+            notes.push(format!("missing key → {status}"));
         }
         if limit.normalize != Normalize::None {
             notes.push(format!("normalize {:?}", limit.normalize).to_lowercase());
@@ -143,22 +144,35 @@ pub(super) fn summary(policy: &Policy) -> String {
                 .iter()
                 .map(|(name, tier)| match tier {
                     Tier::Exempt => format!("{name} exempt"),
+                    Tier::Bucket { capacity, .. } if limit.calendar.is_some() => {
+                        format!("{name} {capacity}")
+                    }
                     Tier::Bucket { capacity, rate } => format!("{name} {capacity} @ {rate}"),
                 })
                 .collect();
             notes.push(format!("tiers by {source}: {}", tiers.join("; ")));
         }
+        let (rate, refill) = match &limit.calendar {
+            Some(calendar) => (
+                format!("per {}", calendar.period.as_str()),
+                calendar.zone_name.clone(),
+            ),
+            None => (
+                limit.rate.to_string(),
+                humantime::format_duration(Duration::from_secs_f64(
+                    limit.refill_seconds().min(1e9).round(),
+                ))
+                .to_string(),
+            ),
+        };
         let _ = writeln!(
             out,
             "  {:<16} {:<30} {:>9} {:>14} {:>12}  {}",
             limit.name,
             key,
             limit.capacity,
-            limit.rate.to_string(),
-            humantime::format_duration(Duration::from_secs_f64(
-                limit.refill_seconds().min(1e9).round()
-            ))
-            .to_string(),
+            rate,
+            refill,
             notes.join(", ")
         );
     }

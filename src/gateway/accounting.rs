@@ -119,6 +119,7 @@ mod tests {
                 rate: 1.0,
                 cost,
                 enforce,
+                period: None,
             },
             adaptive: None,
             route_limit,

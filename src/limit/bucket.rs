@@ -6,6 +6,9 @@
 //! holds at least its cost; then every bucket that can pay is charged. If one refuses, none
 //! is charged. A shadow bucket never refuses: it is charged when it can pay and reports
 //! when it could not.
+//!
+//! A calendar quota is a bucket without refill (`rate` 0) whose tokens belong to one period:
+//! a state of another period is a full bucket, and the wait is the time to the period's end.
 
 use super::clock::Timestamp;
 use super::Verdicts;
@@ -14,6 +17,8 @@ use super::Verdicts;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketState {
     pub tokens: f64,
+    /// When the tokens were counted; for a quota, the end of the period they belong to (Unix
+    /// seconds), which is what tells one period's count from the next.
     pub updated: Timestamp,
 }
 
@@ -21,14 +26,49 @@ pub struct BucketState {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Charge {
     pub capacity: f64,
-    /// Tokens per second; always > 0 (the configuration refuses anything else).
+    /// Tokens per second; > 0 for a bucket, 0 for a calendar quota.
     pub rate: f64,
     pub cost: f64,
     /// `false` for a limit in shadow mode.
     pub enforce: bool,
+    /// For a calendar quota: the period the decision counts in.
+    pub period: Option<QuotaPeriod>,
+}
+
+/// The calendar period a quota's decision counts in, as the gateway's clock places it (a
+/// store with a clock of its own, Redis, moves to `next_end`'s period once its time is past
+/// `end`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuotaPeriod {
+    /// The period's end, Unix seconds: it identifies the period.
+    pub end: i64,
+    /// The next period's end.
+    pub next_end: i64,
+    /// Seconds from the decision to `end`.
+    pub ends_in: f64,
 }
 
 impl Charge {
+    /// Seconds until a bucket holding `tokens` holds the cost: for a quota, until its period
+    /// ends and the count starts over.
+    pub fn wait(&self, tokens: f64) -> f64 {
+        match self.period {
+            Some(period) if tokens < self.cost => period.ends_in,
+            Some(_) => 0.0,
+            None if tokens < self.cost => (self.cost - tokens) / self.rate,
+            None => 0.0,
+        }
+    }
+
+    /// Seconds until a bucket holding `tokens` is full again: for a quota, its period's end.
+    pub fn full_in(&self, tokens: f64) -> f64 {
+        match self.period {
+            Some(_) if tokens >= self.capacity => 0.0,
+            Some(period) => period.ends_in,
+            None => ((self.capacity - tokens) / self.rate).max(0.0),
+        }
+    }
+
     /// The same charge with capacity and rate multiplied (an adaptive penalty).
     pub fn scaled(&self, multiplier: f64) -> Charge {
         Charge {
@@ -64,12 +104,8 @@ impl Verdict {
         Verdict {
             sufficient,
             tokens,
-            wait: if sufficient {
-                0.0
-            } else {
-                (charge.cost - tokens) / charge.rate
-            },
-            full_in: ((charge.capacity - tokens) / charge.rate).max(0.0),
+            wait: if sufficient { 0.0 } else { charge.wait(tokens) },
+            full_in: charge.full_in(tokens),
             capacity: charge.capacity,
             rate: charge.rate,
             observed: true,
@@ -101,12 +137,30 @@ impl Verdict {
 
 /// The tokens a bucket holds at `now`.
 pub fn tokens_at(state: Option<BucketState>, charge: &Charge, now: Timestamp) -> f64 {
-    match state {
-        None => charge.capacity,
-        Some(state) => {
+    match (state, charge.period) {
+        (None, _) => charge.capacity,
+        (Some(state), Some(period)) if state.updated == period_stamp(period) => {
+            state.tokens.min(charge.capacity)
+        }
+        // Another period's count: this period's starts full.
+        (Some(_), Some(_)) => charge.capacity,
+        (Some(state), None) => {
             let elapsed = now.saturating_elapsed_since(state.updated).as_secs_f64();
             (state.tokens + elapsed * charge.rate).min(charge.capacity)
         }
+    }
+}
+
+/// What a quota's state records as its `updated`: the end of its period.
+fn period_stamp(period: QuotaPeriod) -> Timestamp {
+    Timestamp(u64::try_from(period.end).unwrap_or(0))
+}
+
+/// The state a bucket holds `tokens` in after a decision at `now`.
+fn counted(charge: &Charge, tokens: f64, now: Timestamp) -> BucketState {
+    BucketState {
+        tokens,
+        updated: charge.period.map_or(now, period_stamp),
     }
 }
 
@@ -126,11 +180,7 @@ pub fn decide(
         let tokens = tokens_at(*state, charge, now);
         let sufficient = tokens >= charge.cost;
         admitted &= sufficient || !charge.enforce;
-        let wait = if sufficient {
-            0.0
-        } else {
-            (charge.cost - tokens) / charge.rate
-        };
+        let wait = charge.wait(tokens);
         verdicts.push(Verdict {
             sufficient,
             tokens,
@@ -149,11 +199,8 @@ pub fn decide(
         if admitted && verdict.sufficient {
             verdict.tokens -= charge.cost;
         }
-        verdict.full_in = ((charge.capacity - verdict.tokens) / charge.rate).max(0.0);
-        *state = Some(BucketState {
-            tokens: verdict.tokens,
-            updated: now,
-        });
+        verdict.full_in = charge.full_in(verdict.tokens);
+        *state = Some(counted(charge, verdict.tokens, now));
     }
     admitted
 }
@@ -168,10 +215,7 @@ pub fn charge_after(
     now: Timestamp,
 ) -> BucketState {
     let tokens = tokens_at(state, charge, now);
-    BucketState {
-        tokens: (tokens - extra).max(-charge.capacity),
-        updated: now,
-    }
+    counted(charge, (tokens - extra).max(-charge.capacity), now)
 }
 
 #[cfg(test)]
@@ -187,6 +231,7 @@ mod tests {
             rate,
             cost,
             enforce: true,
+            period: None,
         }
     }
 
@@ -279,6 +324,7 @@ mod tests {
     fn shadow_buckets_never_refuse_and_are_charged_only_when_they_can_pay() {
         let shadow = Charge {
             enforce: false,
+            period: None,
             ..charge(1.0, 1.0, 1.0)
         };
         let charges = [charge(10.0, 1.0, 1.0), shadow];
@@ -290,6 +336,54 @@ mod tests {
         assert!(!verdicts[1].sufficient, "but it reports that it would have");
         assert_eq!(verdicts[1].tokens, 0.0);
         assert_eq!(states[0].unwrap().tokens, 8.0);
+    }
+
+    #[test]
+    fn a_quota_counts_per_period_never_refills_and_waits_for_the_next() {
+        let quota = |end: i64, ends_in: f64| Charge {
+            period: Some(QuotaPeriod {
+                end,
+                next_end: end + 3600,
+                ends_in,
+            }),
+            ..charge(3.0, 0.0, 1.0)
+        };
+        let mut state = [None];
+        let mut verdicts = Verdicts::new();
+        for (second, left) in [(0.0, 2.0), (10.0, 1.0), (3000.0, 0.0)] {
+            assert!(decide(
+                &[quota(3600, 3600.0 - second)],
+                &mut state,
+                at(second),
+                &mut verdicts
+            ));
+            assert_eq!(verdicts[0].tokens, left, "no refill at {second} s");
+            assert_eq!(verdicts[0].full_in, 3600.0 - second);
+        }
+        assert!(!decide(
+            &[quota(3600, 500.0)],
+            &mut state,
+            at(3100.0),
+            &mut verdicts
+        ));
+        assert_eq!(verdicts[0].wait, 500.0, "until the period ends");
+        assert_eq!(
+            state[0].unwrap().updated,
+            Timestamp(3600),
+            "the period's end names it"
+        );
+        // The next period starts full, whatever the previous one left.
+        assert!(decide(
+            &[quota(7200, 3599.0)],
+            &mut state,
+            at(3601.0),
+            &mut verdicts
+        ));
+        assert_eq!(verdicts[0].tokens, 2.0);
+        assert_eq!(
+            charge_after(state[0], &quota(7200, 3000.0), 5.0, at(4000.0)).tokens,
+            -3.0
+        );
     }
 
     #[test]

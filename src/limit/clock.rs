@@ -71,6 +71,23 @@ impl Clock {
         Clock::Manual(Arc::new(AtomicU64::new(0)))
     }
 
+    /// A manual clock whose calendar time starts at `unix` seconds (a manual clock's reading
+    /// is its Unix time in nanoseconds).
+    pub fn manual_at(unix: u64) -> Clock {
+        Clock::Manual(Arc::new(AtomicU64::new(unix.saturating_mul(1_000_000_000))))
+    }
+
+    /// Seconds since the Unix epoch, for calendar quotas: the wall clock, or a manual clock's
+    /// reading.
+    pub fn unix(&self) -> f64 {
+        match self {
+            Clock::Monotonic(_) => SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |since| since.as_secs_f64()),
+            Clock::Manual(nanos) => nanos.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
+
     pub fn now(&self) -> Timestamp {
         match self {
             Clock::Monotonic(origin) => {

@@ -6,11 +6,16 @@
 --   runs after it was given up on by the gateway (Redis was paused, busy or failing over)
 --   charges nothing and says so. Then the number of shapes, then each shape: its number of buckets n, then per bucket 6
 --   values: capacity, rate (tokens per second), cost, enforce (1/0), factor and min_capacity
---   of the limit's adaptive penalty (factor '0': not adaptive). Then per request: the index of
+--   of the limit's adaptive penalty (factor '0': not adaptive). A calendar quota has rate 0,
+--   and in place of factor and min_capacity the end of the period the gateway's clock is in
+--   and the end of the next one (Unix seconds). Then per request: the index of
 --   its shape, then for each of the shape's buckets the index of its key in KEYS.
 --   Requests of one route share a shape: its numbers are sent, and read, once per batch.
 -- State per bucket: a hash {tokens, ts} where ts is the Redis server's time in microseconds,
--- plus, for keys of adaptive limits, {level, hold, errors, keep} written by outcome.lua.
+-- plus, for keys of adaptive limits, {level, hold, errors, keep} written by outcome.lua. A
+-- quota's hash is {tokens, p}: p is the end of the period its count belongs to (the server's
+-- clock picks which of the two periods the gateway names); another period's count is a full
+-- quota, and the key expires when its period ends.
 -- The time is the server's (TIME), so replicas with skewed clocks agree.
 --
 -- A penalised key's capacity and rate are multiplied by factor^level (never below
@@ -85,7 +90,17 @@ while argument <= arguments do
     local capacity, rate, factor = shape[at + 1], shape[at + 2], shape[at + 5]
     local entry = seen[index]
     local elapsed = 0
-    if not entry then
+    if rate == 0 then
+      if not entry then
+        local period = factor
+        if now >= tonumber(period) * 1000000 then period = shape[at + 6] end
+        local stored = call('HMGET', KEYS[index], 'tokens', 'p')
+        entry = { false, 0, 0, 0, false, false, false, period }
+        if stored[1] and tonumber(stored[2]) == tonumber(period) then entry[1] = stored[1] end
+        seen[index] = entry
+      end
+      factor = false
+    elseif not entry then
       local stored
       if factor then
         stored = call('HMGET', KEYS[index], 'tokens', 'ts', 'level', 'hold', 'keep')
@@ -139,9 +154,14 @@ while argument <= arguments do
     local charged = admitted and sufficient[i]
     if charged then
       tokens = tokens - state[base + 6]
-      local expire_ms = ceil((state[base + 3] - tokens) / state[base + 4] * 1000)
-      local keep_ms = ceil((entry[4] - now) / 1000)
-      if keep_ms > expire_ms then expire_ms = keep_ms end
+      local expire_ms
+      if entry[8] then
+        expire_ms = ceil(tonumber(entry[8]) * 1000 - now / 1000)
+      else
+        expire_ms = ceil((state[base + 3] - tokens) / state[base + 4] * 1000)
+        local keep_ms = ceil((entry[4] - now) / 1000)
+        if keep_ms > expire_ms then expire_ms = keep_ms end
+      end
       entry[6], entry[7] = expire_ms, tokens
     end
     -- What the next request of the batch finds in this bucket: no time passes in between.
@@ -163,7 +183,11 @@ for index = 1, #KEYS do
   if entry and entry[6] then
     local expire_ms = entry[6]
     if expire_ms > 315360000000 then expire_ms = 315360000000 end
-    call('HSET', KEYS[index], 'tokens', format('%.17g', entry[7]), 'ts', now_text)
+    if entry[8] then
+      call('HSET', KEYS[index], 'tokens', format('%.17g', entry[7]), 'p', entry[8])
+    else
+      call('HSET', KEYS[index], 'tokens', format('%.17g', entry[7]), 'ts', now_text)
+    end
     call('PEXPIRE', KEYS[index], format('%d', expire_ms + 1000))
   end
 end

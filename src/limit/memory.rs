@@ -112,6 +112,11 @@ impl MemoryStore {
         }
     }
 
+    /// The clock its buckets are counted by.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
     /// Buckets currently held.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|shard| shard.lock().len()).sum()
@@ -237,7 +242,7 @@ impl MemoryStore {
                     state.tokens = state.tokens.min(charge.capacity);
                 }
                 tripped.push(trip);
-                let full_in = ((charge.capacity - state.tokens) / charge.rate).max(0.0);
+                let full_in = charge.full_in(state.tokens);
                 entry.state = state;
                 let keep_until = entry.keep_until(full_in, params, now);
                 if keep_until > now {
@@ -356,6 +361,7 @@ mod tests {
                 rate,
                 cost,
                 enforce: true,
+                period: None,
             },
             adaptive: None,
             route_limit: 0,

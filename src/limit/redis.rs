@@ -180,6 +180,13 @@ impl RedisStore {
         self
     }
 
+    /// The servers' time (Unix seconds) as the store's clock places it: the store's clock,
+    /// moved by how far the servers' clock is ahead of this machine's. In production that is
+    /// Redis `TIME`; a test's manual clock moves it.
+    pub fn calendar_now(&self) -> f64 {
+        self.clock.unix() + self.server_clock.skew()
+    }
+
     /// Calls that ran after the gateway gave up on them and charged nothing.
     pub fn late_calls(&self) -> u64 {
         self.late.get()
@@ -224,7 +231,8 @@ impl RedisStore {
         };
         call.success();
         for ((request, key), verdict) in requests.iter().zip(keys.iter()).zip(decision.verdicts()) {
-            if !verdict.sufficient {
+            // A quota's count only starts over with its period: not the deny cache's arithmetic.
+            if !verdict.sufficient && request.charge.period.is_none() {
                 self.deny_cache.remember(
                     key,
                     verdict.tokens,

@@ -8,3 +8,5 @@ mod identity;
 mod limits;
 #[path = "cases/proxy.rs"]
 mod proxy;
+#[path = "cases/quotas.rs"]
+mod quotas;

@@ -14,6 +14,7 @@ use crate::config::units::MAX_EXACT_TOKENS;
 use crate::config::{
     Adaptive, ClientIpSettings, KeySource, Limit, Overload, Rate, Tier, TierSource,
 };
+use crate::limit::calendar::{Calendar, Period};
 use crate::limit::AdaptiveParams;
 
 /// The longest an empty bucket may take to fill (so that every announced wait is a number a
@@ -37,7 +38,7 @@ pub(super) fn compile_limit(
             format!("invalid limit name {name:?}: use letters, digits, '_', '-' and '.'"),
         );
     }
-    let capacity = *raw.capacity.get_ref();
+    let (capacity, rate, calendar) = compile_amount(&raw, &key, span.clone(), errors)?;
     let adaptive = raw
         .adaptive
         .map(|adaptive| compile_adaptive(adaptive, &key, capacity, errors));
@@ -45,15 +46,12 @@ pub(super) fn compile_limit(
         .charge_on_status
         .map(|charges| compile_charges(charges, &key, errors))
         .unwrap_or_default();
-    if !(capacity.is_finite() && capacity > 0.0) {
-        errors.at(Some(raw.capacity.span()), format!("{key}.capacity"), format!("{capacity} is out of range: a capacity (burst, in tokens) must be greater than zero"));
-    } else if capacity > MAX_EXACT_TOKENS {
-        errors.at(Some(raw.capacity.span()), format!("{key}.capacity"), format!("{capacity} is out of range: a capacity is at most 2^53 (9007199254740992), what the bucket math holds exactly"));
-    } else {
-        let refill = capacity / raw.rate.get_ref().0.per_second();
-        if refill > MAX_REFILL_SECONDS {
-            errors.at(Some(raw.rate.span()), format!("{key}.rate"), format!("an empty bucket would take {} to fill at this rate: at most 10 years; raise the rate or lower the capacity", humantime::format_duration(std::time::Duration::from_secs_f64(refill.min(1e15).round()))));
-        }
+    if calendar.is_some() && (adaptive.is_some() || !charge_on_status.is_empty()) {
+        errors.at(
+            Some(span.clone()),
+            key.clone(),
+            "a calendar quota takes no adaptive penalty or charge_on_status: it counts requests per period; put those on a token bucket beside it",
+        );
     }
     let sources = match raw.key.get_ref() {
         RawKey::One(source) => vec![source.clone()],
@@ -82,7 +80,10 @@ pub(super) fn compile_limit(
         .map(|tier| compile_tier_source(tier, &key, raw.trust_header, jwt_configured, errors));
     let tiers = raw
         .tiers
-        .map(|tiers| compile_tiers(tiers, &key, capacity, raw.rate.get_ref().0, errors))
+        .map(|tiers| {
+            let quota = calendar.is_some();
+            compile_tiers(tiers, &key, (capacity, rate, quota), errors)
+        })
         .unwrap_or_default();
     if tier.is_some() == tiers.is_empty() {
         errors.at(
@@ -117,11 +118,14 @@ pub(super) fn compile_limit(
         &format!("{key}.ipv6_prefix"),
         errors,
     );
-    let rate = raw.rate.get_ref().0;
     let normalize = raw.normalize.unwrap_or_default();
     let fingerprint = fingerprint(&[
         &format!("{key_sources:?}"),
         &format!("{tiers:?}"),
+        &calendar
+            .as_ref()
+            .map(|calendar| format!("{} {}", calendar.period.as_str(), calendar.zone_name))
+            .unwrap_or_default(),
         &format!("{normalize:?}"),
         &capacity.to_bits().to_string(),
         &rate.per_second().to_bits().to_string(),
@@ -144,7 +148,76 @@ pub(super) fn compile_limit(
         charge_on_status,
         tier: tier.flatten(),
         tiers,
+        calendar,
     })
+}
+
+/// What a limit counts: a token bucket (`capacity`, `rate`) or a calendar quota (`quota`,
+/// `period`, `timezone`), as (capacity, rate, calendar). A quota's rate is its quota over a
+/// nominal period (a month of 30 days), for display only.
+fn compile_amount(
+    raw: &raw::RawLimit,
+    key: &str,
+    span: Range<usize>,
+    errors: &mut Errors<'_>,
+) -> Option<(f64, Rate, Option<Calendar>)> {
+    match (&raw.capacity, &raw.rate, &raw.quota, &raw.period) {
+        (Some(capacity), Some(rate), None, None) => {
+            if let Some(timezone) = &raw.timezone {
+                errors.at(
+                    Some(timezone.span()),
+                    format!("{key}.timezone"),
+                    "a timezone places a calendar quota's periods: it needs quota and period",
+                );
+            }
+            let (value, rate) = (*capacity.get_ref(), rate.get_ref().0);
+            if !(value.is_finite() && value > 0.0) {
+                errors.at(Some(capacity.span()), format!("{key}.capacity"), format!("{value} is out of range: a capacity (burst, in tokens) must be greater than zero"));
+            } else if value > MAX_EXACT_TOKENS {
+                errors.at(Some(capacity.span()), format!("{key}.capacity"), format!("{value} is out of range: a capacity is at most 2^53 (9007199254740992), what the bucket math holds exactly"));
+            } else {
+                let refill = value / rate.per_second();
+                if refill > MAX_REFILL_SECONDS {
+                    errors.at(Some(raw.rate.as_ref()?.span()), format!("{key}.rate"), format!("an empty bucket would take {} to fill at this rate: at most 10 years; raise the rate or lower the capacity", humantime::format_duration(std::time::Duration::from_secs_f64(refill.min(1e15).round()))));
+                }
+            }
+            Some((value, rate, None))
+        }
+        (None, None, Some(quota), Some(period)) => {
+            let value = *quota.get_ref();
+            if !(value.is_finite() && value > 0.0 && value <= MAX_EXACT_TOKENS) {
+                errors.at(Some(quota.span()), format!("{key}.quota"), format!("{value} is out of range: a quota is more than 0 and at most 2^53 requests (or cost) per period"));
+            }
+            let zone = raw.timezone.as_ref().map(|zone| zone.get_ref().as_str());
+            let calendar = match Calendar::new(*period.get_ref(), zone) {
+                Ok(calendar) => calendar,
+                Err(message) => {
+                    let span = raw.timezone.as_ref().map(Spanned::span);
+                    errors.at(span, format!("{key}.timezone"), message);
+                    return None;
+                }
+            };
+            let rate = Rate {
+                tokens: value,
+                period: nominal_length(calendar.period),
+            };
+            Some((value, rate, Some(calendar)))
+        }
+        _ => {
+            errors.at(Some(span), key, "set capacity and rate (a token bucket), or quota and period (a calendar quota): one pair, not both");
+            None
+        }
+    }
+}
+
+fn nominal_length(period: Period) -> std::time::Duration {
+    let hours = match period {
+        Period::Hour => 1,
+        Period::Day => 24,
+        Period::Week => 7 * 24,
+        Period::Month => 30 * 24,
+    };
+    std::time::Duration::from_secs(hours * 3600)
 }
 
 const NEEDS_JWT: &str =
@@ -198,8 +271,7 @@ fn compile_tier_source(
 fn compile_tiers(
     raw: Spanned<BTreeMap<String, raw::RawTier>>,
     key: &str,
-    capacity: f64,
-    rate: Rate,
+    (capacity, rate, quota): (f64, Rate, bool),
     errors: &mut Errors<'_>,
 ) -> Vec<(String, Tier)> {
     let span = Some(raw.span());
@@ -209,8 +281,63 @@ fn compile_tiers(
         let tier = match tier {
             raw::RawTier::Exempt => Tier::Exempt,
             raw::RawTier::Numbers {
+                quota: Some(_),
+                capacity: Some(_),
+                ..
+            }
+            | raw::RawTier::Numbers {
+                quota: Some(_),
+                rate: Some(_),
+                ..
+            } => {
+                errors.at(
+                    span.clone(),
+                    tier_key,
+                    "a tier sets capacity and rate, or quota: not both",
+                );
+                continue;
+            }
+            raw::RawTier::Numbers {
+                quota: tier_quota,
+                capacity: None,
+                rate: None,
+            } if quota => {
+                let quota = tier_quota.unwrap_or(capacity);
+                if !(quota.is_finite() && quota > 0.0 && quota <= MAX_EXACT_TOKENS) {
+                    errors.at(
+                        span.clone(),
+                        format!("{tier_key}.quota"),
+                        format!("{quota} is out of range: a quota is more than 0 and at most 2^53"),
+                    );
+                }
+                Tier::Bucket {
+                    capacity: quota,
+                    rate: Rate {
+                        tokens: quota,
+                        period: rate.period,
+                    },
+                }
+            }
+            raw::RawTier::Numbers { .. } if quota => {
+                errors.at(
+                    span.clone(),
+                    tier_key,
+                    "this limit is a calendar quota: its tiers set quota",
+                );
+                continue;
+            }
+            raw::RawTier::Numbers { quota: Some(_), .. } => {
+                errors.at(
+                    span.clone(),
+                    format!("{tier_key}.quota"),
+                    "this limit is a token bucket: its tiers set capacity and rate",
+                );
+                continue;
+            }
+            raw::RawTier::Numbers {
                 capacity: tier_capacity,
                 rate: tier_rate,
+                ..
             } => {
                 let capacity = tier_capacity.unwrap_or(capacity);
                 let rate = tier_rate.map_or(rate, |rate| rate.0);
@@ -557,6 +684,48 @@ mod tests {
             "{base}tier = {{ header = \"x-plan\" }}\ntrust_header = true\n[limits.a.tiers]\npro = \"unlimited\"\n"
         ));
         assert!(unknown[0].1.contains("exempt"), "{unknown:?}");
+    }
+
+    #[test]
+    fn a_quota_is_a_quota_and_a_period_in_a_zone_and_nothing_else() {
+        let limit = |body: &str| format!("[limits.q]\nkey = \"global\"\n{body}");
+        let policy = policy(&limit(
+            "quota = 1000\nperiod = \"month\"\ntimezone = \"Europe/Rome\"\ntier = { header = \"x-plan\" }\ntrust_header = true\n[limits.q.tiers]\npro = { quota = 100000 }\n",
+        ));
+        let quota = policy.limit("q").unwrap();
+        let calendar = quota.calendar.as_ref().expect("a calendar");
+        assert_eq!(
+            (calendar.period.as_str(), calendar.zone_name.as_str()),
+            ("month", "Europe/Rome")
+        );
+        assert_eq!(quota.capacity, 1000.0);
+        assert!(matches!(quota.tiers[0].1, Tier::Bucket { capacity, .. } if capacity == 100000.0));
+        let key = |text: &str| error(&limit(text)).0;
+        assert_eq!(key("quota = 10\n"), "limits.q");
+        assert_eq!(
+            key("quota = 10\nperiod = \"day\"\ncapacity = 5\nrate = \"1/s\"\n"),
+            "limits.q"
+        );
+        assert_eq!(key("quota = 0\nperiod = \"day\"\n"), "limits.q.quota");
+        assert_eq!(
+            key("quota = 10\nperiod = \"day\"\ntimezone = \"Mars/Base\"\n"),
+            "limits.q.timezone"
+        );
+        assert_eq!(
+            key("capacity = 5\nrate = \"1/s\"\ntimezone = \"UTC\"\n"),
+            "limits.q.timezone"
+        );
+        assert!(error(&limit("quota = 10\nperiod = \"fortnight\"\n"))
+            .1
+            .contains("fortnight"));
+        assert_eq!(
+            key("quota = 10\nperiod = \"day\"\n[limits.q.charge_on_status]\n500 = 1\n"),
+            "limits.q"
+        );
+        assert_eq!(
+            key("quota = 10\nperiod = \"day\"\ntier = { header = \"x-plan\" }\ntrust_header = true\n[limits.q.tiers]\npro = { capacity = 5 }\n"),
+            "limits.q.tiers.pro"
+        );
     }
 
     #[test]

@@ -17,16 +17,19 @@ pub(super) struct BucketArguments {
     rate: f64,
     cost: f64,
     enforce: bool,
-    /// 0: not adaptive.
+    /// 0: not adaptive. For a quota: the end of its period (Unix seconds).
     factor: f64,
+    /// For a quota: the end of the next period.
     min_capacity: f64,
 }
 
 impl BucketArguments {
     pub(super) fn of(request: &BucketRequest<'_>) -> BucketArguments {
-        let (factor, min_capacity) = request
-            .adaptive
-            .map_or((0.0, 0.0), |params| (params.factor, params.min_capacity));
+        let (factor, min_capacity) = match (request.charge.period, request.adaptive) {
+            (Some(period), _) => (period.end as f64, period.next_end as f64),
+            (None, Some(params)) => (params.factor, params.min_capacity),
+            (None, None) => (0.0, 0.0),
+        };
         BucketArguments {
             capacity: request.charge.capacity,
             rate: request.charge.rate,

@@ -51,6 +51,20 @@ impl ServerClock {
         &self.offsets[usize::from(slot) % self.offsets.len()]
     }
 
+    /// How far the servers' clock is ahead of this machine's wall clock (seconds), from the
+    /// latest reply; 0 before any.
+    pub(crate) fn skew(&self) -> f64 {
+        let offset = self.latest.load(Ordering::Relaxed);
+        if offset == NONE {
+            return 0.0;
+        }
+        let server = (offset + self.micros(clock::instant())) as f64 / 1e6;
+        let local = clock::system_time()
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |since| since.as_secs_f64());
+        server - local
+    }
+
     /// Notes a reply from `slot`'s node that arrived now, with the server's time when its
     /// script ran.
     pub(crate) fn observe(&self, slot: u16, server_time: f64) {

@@ -9,6 +9,9 @@
 #   STORE=redis bench/instructions.sh    # row 5: the Redis store (starts its own redis-server)
 #   REFUSING=1 bench/instructions.sh     # row 6b: every request refused (429)
 #   MORE_FIELDS=1 bench/instructions.sh  # six more non-standard header fields per request
+#   JWT=claim bench/instructions.sh      # every request carries an RS256 bearer token, and the
+#                                        # per-user limit is keyed by its verified `sub`;
+#                                        # JWT=header: the same token, the limit keyed by header
 #   PROXY=nginx bench/instructions.sh    # nginx with limit_req (row 3) under the same load, for a
 #                                        # ratio that does not swing; with REFUSING=1: row 6a
 #   DUMP=/tmp/x.callgrind bench/instructions.sh   # and keep callgrind's profile there, for
@@ -31,7 +34,7 @@ for tool in wrk valgrind callgrind_control python3 taskset "${optional[@]}"; do
   fi
 done
 
-cargo build --release --quiet --bin tollgate --example fast_upstream
+cargo build --release --quiet --bin tollgate --example fast_upstream --example sign_token
 
 source bench/common.sh
 
@@ -62,6 +65,9 @@ else
   limits=(1000000000000 "1000000000/s")
 fi
 
+# The token (and the key set that verifies it) for JWT=...
+token=$(./target/release/examples/sign_token "$work/jwks.json")
+
 port=$(free_port)
 callgrind=(valgrind --tool=callgrind --compress-strings=no --compress-pos=no
   --callgrind-out-file="$work/callgrind.%p")
@@ -80,6 +86,10 @@ else
   admin=$(free_port)
   three_limit_policy "$port" "$admin" "$upstream_port" "$store_section" "${limits[@]}" \
     > "$work/policy.toml"
+  if [[ "${JWT:-}" == claim ]]; then
+    sed -i 's|key = { header = "x-user-id" }|key = { jwt_claim = "sub" }|' "$work/policy.toml"
+    printf '[auth.jwt]\njwks_file = "%s"\n' "$work/jwks.json" >> "$work/policy.toml"
+  fi
   RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 "${callgrind[@]}" \
     ./target/release/tollgate --worker-threads 1 run --config "$work/policy.toml" \
     >/dev/null 2>"$work/valgrind.log" &
@@ -94,6 +104,9 @@ if [[ -n "${MORE_FIELDS:-}" ]]; then
   fields+=(-H 'sec-fetch-site: same-origin' -H 'sec-fetch-mode: cors' -H 'sec-fetch-dest: empty'
     -H 'sec-ch-ua-platform: Linux' -H 'x-requested-with: XMLHttpRequest'
     -H 'x-client-version: 1.2.3')
+fi
+if [[ -n "${JWT:-}" ]]; then
+  fields+=(-H "authorization: Bearer $token")
 fi
 load() {
   taskset -c 0 wrk -t1 -c8 -d"$1" "${fields[@]}" "http://127.0.0.1:$port/"

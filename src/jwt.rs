@@ -226,17 +226,16 @@ impl JwtVerifier {
     }
 
     /// The token's claims if it checks out at `now` (Unix seconds). A token verified before
-    /// is found by its hash and costs no signature check, until it expires.
+    /// is found in the cache and costs no signature check, until it expires.
     pub fn verify(&self, token: &str, now: u64) -> Result<Claims, Rejection> {
-        let digest = *blake3::hash(token.as_bytes()).as_bytes();
-        if let Some((claims, expires)) = self.cache.get(&digest, now) {
+        if let Some((claims, expires)) = self.cache.get(token, now) {
             return match expires {
                 Some(exp) if self.expired(exp, now) => Err(Rejection::Expired),
                 _ => Ok(claims),
             };
         }
         let (claims, expires) = self.verify_uncached(token, now)?;
-        self.cache.insert(digest, claims.clone(), expires, now);
+        self.cache.insert(token, claims.clone(), expires, now);
         Ok(claims)
     }
 

@@ -26,6 +26,6 @@ USER nonroot:nonroot
 # listener to 0.0.0.0 in the policy only where the network keeps it private.
 EXPOSE 8080 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-    CMD ["/usr/local/bin/tollgate", "health", "--url", "http://127.0.0.1:9090/healthz"]
+    CMD ["/usr/local/bin/tollgate", "health"]
 ENTRYPOINT ["/usr/local/bin/tollgate"]
 CMD ["run", "--config", "/etc/tollgate/tollgate.toml"]

@@ -67,6 +67,45 @@ pub struct TlsFiles {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdminSettings {
     pub listen: SocketAddr,
+    /// `token_env`: `/limits` then requires this bearer token.
+    pub token: Option<AdminToken>,
+}
+
+/// The admin API's bearer token, as `token_env` named it when the policy was read. Its
+/// `Debug` never shows the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken {
+    /// The environment variable it came from.
+    pub variable: String,
+    token: String,
+}
+
+impl AdminToken {
+    pub fn new(variable: String, token: String) -> AdminToken {
+        AdminToken { variable, token }
+    }
+
+    /// The token, for a client of the admin API (`tollgate inspect`).
+    pub fn secret(&self) -> &str {
+        &self.token
+    }
+
+    /// Whether `candidate` is the token, compared in constant time (for a given length).
+    pub fn accepts(&self, candidate: &[u8]) -> bool {
+        let token = self.token.as_bytes();
+        candidate.len() == token.len()
+            && candidate
+                .iter()
+                .zip(token)
+                .fold(0u8, |difference, (a, b)| difference | (a ^ b))
+                == 0
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AdminToken(${})", self.variable)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

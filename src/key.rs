@@ -184,6 +184,50 @@ pub fn extract(
     Ok(Some(parts))
 }
 
+/// The key `limit` gives the values an operator names (the admin API): one value per part of
+/// the key, in order, normalized and hashed exactly as a request's would be; for
+/// `client_network`, an address, masked as the limit masks it.
+pub fn parts_of_values(
+    limit: &Limit,
+    values: &[&str],
+    hasher: &KeyHasher,
+) -> Result<KeyParts, String> {
+    if values.len() != limit.key.len() {
+        return Err(match limit.key.len() {
+            0 => "a global limit has one bucket: name no key".to_owned(),
+            1 => format!("name the key: {}", describe(&limit.key[0])),
+            parts => format!(
+                "name {parts} key values, one per part, in order: {}",
+                limit
+                    .key
+                    .iter()
+                    .map(describe)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
+    let mut parts = KeyParts::new();
+    for (source, value) in limit.key.iter().zip(values) {
+        let value = value.trim();
+        parts.push(match source {
+            KeySource::ClientNetwork => {
+                let address: IpAddr = value
+                    .parse()
+                    .map_err(|_| format!("{value:?} is not an IP address"))?;
+                KeyPart::Network(client_network(
+                    address.to_canonical(),
+                    limit.ipv4_prefix,
+                    limit.ipv6_prefix,
+                ))
+            }
+            _ if value.is_empty() => return Err("an empty key value".to_owned()),
+            _ => KeyPart::Digest(hasher.digest(normalize(value, limit.normalize).as_bytes())),
+        });
+    }
+    Ok(parts)
+}
+
 /// The network a client belongs to, with IPv4 and IPv6 masked to their own prefixes.
 pub fn client_network(client: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpNet {
     let prefix = match client {

@@ -109,6 +109,9 @@ impl Tollgate {
         background::spawn_load_ticker(Arc::downgrade(&shared));
         background::spawn_sweeper(Arc::downgrade(&shared));
         background::spawn_store_probe(Arc::downgrade(&shared));
+        if matches!(shared.store, Store::Redis(_)) {
+            tokio::spawn(RedisStore::follow_resets(Arc::downgrade(&shared)));
+        }
 
         Ok(Tollgate {
             addresses,

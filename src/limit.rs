@@ -173,6 +173,16 @@ impl Decision {
     }
 }
 
+/// A key's state as an operator looks it up: what its next decision would find.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KeyState {
+    pub tokens: f64,
+    /// The capacity in force (after an adaptive penalty).
+    pub capacity: f64,
+    /// An adaptive penalty in force: its multiplier and when it ends (Unix seconds).
+    pub penalty: Option<(f64, f64)>,
+}
+
 /// Why a store call decided nothing. The gateway branches on the circuit (no call was made,
 /// nothing new to report) against the rest; all of them are the store's doing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -246,6 +256,30 @@ impl Store {
         match self {
             Store::Memory(store) => Ok(store.record_outcomes(requests)),
             Store::Redis(store) => Box::pin(store.record_outcomes(requests)).await,
+        }
+    }
+
+    /// A key's state now (a key never seen reads as full).
+    pub async fn inspect(
+        &self,
+        key: &BucketKey<'_>,
+        charge: &Charge,
+        params: Option<&AdaptiveParams>,
+    ) -> Result<KeyState, StoreError> {
+        match self {
+            Store::Memory(store) => Ok(store.inspect(key, charge, params)),
+            Store::Redis(store) => store.inspect(key, charge, params).await,
+        }
+    }
+
+    /// Forgets a key's bucket and penalty: it is full again (with Redis, for every replica).
+    pub async fn forget(&self, key: &BucketKey<'_>) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(store) => {
+                store.forget(key);
+                Ok(())
+            }
+            Store::Redis(store) => store.forget(key).await,
         }
     }
 

@@ -28,6 +28,27 @@ struct Cli {
     command: Command,
 }
 
+#[derive(clap::Args)]
+struct KeyArguments {
+    /// The limit's name.
+    #[arg(long)]
+    limit: String,
+    /// The key's value as a request carries it (an email, a header's value, an address);
+    /// once per part of a composite key, in order; none for a global limit.
+    #[arg(long = "key", value_name = "VALUE")]
+    keys: Vec<String>,
+    /// For a limit with tiers: the tier whose numbers to read the key with.
+    #[arg(long)]
+    tier: Option<String>,
+    /// The admin listener (default: the policy's [admin] listen).
+    #[arg(long, value_name = "URL")]
+    admin: Option<String>,
+    /// The policy (default: $TOLLGATE_CONFIG, then config/tollgate.toml), for the admin
+    /// address and the token's environment variable.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
@@ -49,10 +70,20 @@ enum Command {
     /// Ask a running gateway's admin listener whether it is healthy (for container health
     /// checks): exit 0 if /healthz answers 200 within two seconds, 1 otherwise.
     Health {
-        /// The admin listener's /healthz (or /readyz).
-        #[arg(long, default_value = "http://127.0.0.1:9090/healthz")]
-        url: String,
+        /// The admin listener's /healthz (or /readyz); default: /healthz on the policy's
+        /// [admin] listen.
+        #[arg(long)]
+        url: Option<String>,
+        /// The policy to read the admin address from (default: $TOLLGATE_CONFIG, then
+        /// config/tollgate.toml).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
+    /// Show one key's state in a limit, from a running gateway's admin API.
+    Inspect(KeyArguments),
+    /// Reset one key of a limit (its bucket full again, its penalty gone), for every replica
+    /// sharing a Redis store.
+    Reset(KeyArguments),
     /// Run the gateway in front of a built-in echo upstream, with a demo policy.
     Demo {
         /// Public address of the demo gateway.
@@ -91,7 +122,9 @@ fn main() -> ExitCode {
                 run(config.unwrap_or_else(config::default_path), cli.log_format).await
             }
             Command::Demo { listen, admin } => demo(listen, admin).await,
-            Command::Health { url } => Ok(health(&url).await),
+            Command::Health { url, config } => Ok(health(url, config).await),
+            Command::Inspect(arguments) => Ok(key_command(false, arguments).await),
+            Command::Reset(arguments) => Ok(key_command(true, arguments).await),
         }
     });
     match result {
@@ -105,8 +138,10 @@ fn main() -> ExitCode {
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal, never into files and pipes.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -180,18 +215,160 @@ async fn demo(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<ExitCode>
     serve_until_signal(&gateway).await
 }
 
-async fn health(url: &str) -> ExitCode {
-    match tollgate::admin::probe(url, std::time::Duration::from_secs(2)).await {
-        Ok(status) if status == 200 => {
-            println!("{url}: {status}");
+async fn health(url: Option<String>, config: Option<PathBuf>) -> ExitCode {
+    let url = match url {
+        Some(url) => url,
+        None => match admin_url(config) {
+            Ok(admin) => format!("{admin}/healthz"),
+            Err(message) => {
+                eprintln!("tollgate: {message}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let answer = tollgate::admin::call(
+        http::Method::GET,
+        &url,
+        None,
+        std::time::Duration::from_secs(2),
+    )
+    .await;
+    match answer {
+        Ok((200, _)) => {
+            println!("{url}: 200, healthy");
             ExitCode::SUCCESS
         }
-        Ok(status) => {
-            eprintln!("{url}: {status}");
+        Ok((status, _)) => {
+            eprintln!("tollgate: {url} answered {status}, not 200: not healthy");
             ExitCode::FAILURE
         }
         Err(error) => {
-            eprintln!("{url}: {error}");
+            eprintln!("tollgate: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `http://host:port` of the admin listener the policy names (the loopback address where it
+/// listens on every address).
+fn admin_url(config: Option<PathBuf>) -> Result<String, String> {
+    let path = config.unwrap_or_else(config::default_path);
+    let policy = Policy::load(&path).map_err(|errors| {
+        format!(
+            "cannot read the admin address from {}: {errors}\n(pass --url, or --config with the gateway's policy)",
+            path.display()
+        )
+    })?;
+    let mut address = policy.admin.listen;
+    if address.ip().is_unspecified() {
+        address.set_ip(match address {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    Ok(format!("http://{address}"))
+}
+
+/// `tollgate inspect` and `tollgate reset`: one call to the admin API, its answer for a person.
+async fn key_command(reset: bool, arguments: KeyArguments) -> ExitCode {
+    let path = arguments.config.unwrap_or_else(config::default_path);
+    let policy = Policy::load(&path);
+    let admin = match (&arguments.admin, &policy) {
+        (Some(url), _) => url.trim_end_matches('/').to_owned(),
+        (None, Ok(policy)) => {
+            let mut address = policy.admin.listen;
+            if address.ip().is_unspecified() {
+                address.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            format!("http://{address}")
+        }
+        (None, Err(errors)) => {
+            eprintln!("{errors}");
+            eprintln!(
+                "tollgate: cannot read the admin address from {}: pass --admin http://host:port",
+                path.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let token = match &policy {
+        Ok(policy) => policy
+            .admin
+            .token
+            .as_ref()
+            .map(|token| token.secret().to_owned()),
+        Err(_) => std::env::var("TOLLGATE_ADMIN_TOKEN").ok(),
+    };
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for value in &arguments.keys {
+        query.append_pair("key", value);
+    }
+    if let Some(tier) = &arguments.tier {
+        query.append_pair("tier", tier);
+    }
+    let url = format!("{admin}/limits/{}?{}", arguments.limit, query.finish());
+    let method = if reset {
+        http::Method::DELETE
+    } else {
+        http::Method::GET
+    };
+    let shown = arguments.keys.join(" + ");
+    match tollgate::admin::call(
+        method,
+        &url,
+        token.as_deref(),
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    {
+        Ok((204, _)) => {
+            println!(
+                "{} [{shown}]: reset, the bucket is full again",
+                arguments.limit
+            );
+            ExitCode::SUCCESS
+        }
+        Ok((200, body)) => {
+            let state: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let number = |name: &str| state[name].as_f64().unwrap_or(0.0);
+            let mut line = format!(
+                "{} [{shown}]: {} of {} tokens left",
+                arguments.limit,
+                number("tokens").max(0.0).floor(),
+                number("capacity")
+            );
+            if let Some(resets_in) = state["resets_in"].as_f64() {
+                line.push_str(&format!(
+                    ", the period ends in {}",
+                    humantime::format_duration(std::time::Duration::from_secs(
+                        resets_in.ceil() as u64
+                    ))
+                ));
+            }
+            if let Some(factor) = state["penalty"]["factor"].as_f64() {
+                let until = state["penalty"]["until_unix"].as_f64().unwrap_or(0.0);
+                let until =
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(until.max(0.0));
+                line.push_str(&format!(
+                    ", penalised ×{factor} until {}",
+                    humantime::format_rfc3339_seconds(until)
+                ));
+            }
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) => {
+            let detail: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let what = match status {
+                401 => "the admin token is missing or wrong (it comes from the policy's [admin] token_env)".to_owned(),
+                404 => format!("no limit named {:?}", arguments.limit),
+                _ => detail["detail"].as_str().or(detail["error"].as_str()).unwrap_or(&body).to_owned(),
+            };
+            eprintln!("tollgate: {url}: {status}: {what}");
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("tollgate: {error}");
             ExitCode::FAILURE
         }
     }

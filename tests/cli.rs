@@ -301,6 +301,33 @@ async fn health_asks_the_admin_listener() {
         .await
         .unwrap();
     assert_eq!(status.code(), Some(1));
+    // Without --url, the admin address comes from the policy, and failures are plain words.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    let with_admin = |admin: &str| {
+        policy(upstream.address, 1).replace(
+            "[admin]\nlisten = \"127.0.0.1:0\"",
+            &format!("[admin]\nlisten = \"{admin}\""),
+        )
+    };
+    write(&file, &with_admin(&gateway.admin_address.to_string()));
+    let (code, stdout, _) = run_cli(&["health", "--config", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stdout}");
+    write(&file, &with_admin(&format!("127.0.0.1:{closed}")));
+    let (code, _, stderr) = run_cli(&["health", "--config", file.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("nothing answers at"), "{stderr}");
+    assert!(!stderr.contains("client error"), "hyper's words: {stderr}");
+}
+
+#[test]
+fn text_logs_into_a_pipe_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    write(&file, &policy("127.0.0.1:9".parse().unwrap(), 1));
+    let process = Process::spawn(&["run", "--config", file.to_str().unwrap()]);
+    let line = process.wait_for(false, |line| line.contains("listening"));
+    assert!(!line.contains('\u{1b}'), "an escape code in {line:?}");
 }
 
 #[test]
@@ -355,4 +382,90 @@ fn run_with_json_logs(file: &std::path::Path) -> Process {
         "--config",
         file.to_str().unwrap(),
     ])
+}
+
+/// Runs `tollgate ARGS` to completion: exit code, stdout, stderr.
+fn run_cli(args: &[&str]) -> (Option<i32>, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .output()
+        .expect("run tollgate");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_and_reset_unlock_a_key_and_the_reset_is_logged_without_its_value() {
+    let upstream = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    std::env::set_var(
+        "TOLLGATE_TEST_CLI_ADMIN_TOKEN",
+        "cli-admin-token-0123456789",
+    );
+    let text = policy(upstream.address, 2)
+        .replace(
+            "[admin]\n",
+            "[admin]\ntoken_env = \"TOLLGATE_TEST_CLI_ADMIN_TOKEN\"\n",
+        )
+        .replace("key = \"client_network\"", "key = { header = \"x-user\" }");
+    write(&file, &text);
+    let process = run_with_json_logs(&file);
+    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
+    let admin = process.wait_for(false, |line| line.contains("admin listening"));
+    let client = HttpClient::new(address_in(&listening));
+    let admin_url = format!("http://{}", address_in(&admin));
+    let user = [("x-user", "dora-4242")];
+    assert_eq!(client.get("/", &user).await.status, 200);
+    assert_eq!(client.get("/", &user).await.status, 200);
+    assert_eq!(client.get("/", &user).await.status, 429);
+    let config = file.to_str().unwrap();
+    let key = [
+        "--limit",
+        "per_network",
+        "--key",
+        "dora-4242",
+        "--admin",
+        &admin_url,
+        "--config",
+        config,
+    ];
+    let (code, stdout, _) = run_cli(&[&["inspect"], &key[..]].concat());
+    assert_eq!(code, Some(0));
+    assert_eq!(stdout.trim(), "per_network [dora-4242]: 0 of 2 tokens left");
+    let (code, stdout, _) = run_cli(&[&["reset"], &key[..]].concat());
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("reset"), "{stdout}");
+    assert_eq!(client.get("/", &user).await.status, 200, "unlocked");
+    let logged = process.wait_for(false, |line| line.contains("key reset"));
+    assert!(
+        logged.contains("per_network:h:"),
+        "the hashed key: {logged}"
+    );
+    assert!(!logged.contains("dora-4242"), "no clear value: {logged}");
+    // Without the token the API refuses, and the command says why.
+    let (code, _, stderr) = run_cli(&[
+        "inspect",
+        "--limit",
+        "per_network",
+        "--key",
+        "x",
+        "--admin",
+        &admin_url,
+        "--config",
+        "/nonexistent.toml",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("admin token is missing or wrong"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run_cli(&[
+        "inspect", "--limit", "nope", "--admin", &admin_url, "--config", config,
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("no limit named \"nope\""), "{stderr}");
 }

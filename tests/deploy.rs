@@ -350,8 +350,8 @@ fn the_dockerfile_runs_the_documented_command_as_non_root() {
     assert!(dockerfile.contains("EXPOSE 8080 9090"));
     assert!(dockerfile.contains(r#"CMD ["run", "--config", "/etc/tollgate/tollgate.toml"]"#));
     assert!(
-        dockerfile.contains(r#""health", "--url", "http://127.0.0.1:9090/healthz""#),
-        "HEALTHCHECK uses tollgate health"
+        dockerfile.contains(r#"CMD ["/usr/local/bin/tollgate", "health"]"#),
+        "HEALTHCHECK uses tollgate health, which reads the admin address from $TOLLGATE_CONFIG"
     );
     for copied in [
         "Cargo.toml",

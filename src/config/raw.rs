@@ -124,6 +124,8 @@ pub enum Http1Path {
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
     pub listen: Option<Spanned<String>>,
+    /// The environment variable holding the bearer token `/limits` requires.
+    pub token_env: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

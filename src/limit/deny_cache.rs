@@ -85,6 +85,11 @@ impl DenyCache {
         (tokens < cost).then_some(tokens)
     }
 
+    /// Forgets what it knew of `key` (an operator reset it).
+    pub fn forget(&self, key: &str) {
+        self.shard(key).lock().remove(key);
+    }
+
     pub fn len(&self) -> usize {
         self.shards.iter().map(|shard| shard.lock().len()).sum()
     }

@@ -211,6 +211,44 @@ impl MemoryStore {
         })
     }
 
+    /// A key's state now, as its next decision would find it.
+    pub fn inspect(
+        &self,
+        key: &BucketKey<'_>,
+        charge: &Charge,
+        params: Option<&AdaptiveParams>,
+    ) -> super::KeyState {
+        let now = self.clock.now();
+        let id = self.id(key);
+        let shard = self.shards[self.shard_of(id)].lock();
+        let entry = shard.get(&id);
+        let effective = entry.map_or(*charge, |entry| entry.effective(charge, params, now));
+        let penalty = entry
+            .and_then(|entry| Some((params?, entry.adaptive.as_deref()?)))
+            .filter(|(_, adaptive)| adaptive.level_at(now) > 0)
+            .map(|(params, adaptive)| {
+                let left = adaptive
+                    .hold_until
+                    .saturating_elapsed_since(now)
+                    .as_secs_f64();
+                (
+                    adaptive.multiplier(params, charge.capacity, now),
+                    self.clock.unix() + left,
+                )
+            });
+        super::KeyState {
+            tokens: bucket::tokens_at(entry.map(|entry| entry.state), &effective, now),
+            capacity: effective.capacity,
+            penalty,
+        }
+    }
+
+    /// Forgets a key's bucket and adaptive state.
+    pub fn forget(&self, key: &BucketKey<'_>) {
+        let id = self.id(key);
+        self.shards[self.shard_of(id)].lock().remove(&id);
+    }
+
     /// Applies outcome charges and counts adaptive errors; returns whether each key tripped.
     pub fn record_outcomes(&self, requests: &[OutcomeRequest<'_>]) -> Vec<bool> {
         let now = self.clock.now();

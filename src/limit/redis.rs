@@ -28,6 +28,7 @@ use redis::Script;
 mod batch;
 mod cluster;
 mod decide_call;
+mod key_admin;
 mod keys;
 mod server_clock;
 
@@ -83,6 +84,8 @@ pub struct RedisStore {
     batcher: Batcher,
     server_clock: Arc<ServerClock>,
     late: LateCalls,
+    /// The node (or the Cluster's seed nodes) to hear resets from.
+    node_urls: Vec<String>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -165,6 +168,7 @@ impl RedisStore {
                 prometheus::IntCounter::new("late_calls", "Calls that ran late.")
                     .expect("valid counter"),
             ),
+            node_urls: settings.nodes.clone(),
         })
     }
 

@@ -256,18 +256,23 @@ pub fn compile(policy: &str, upstream: SocketAddr) -> Policy {
 /// Compiles `policy` with `{upstream}` replaced, listeners on ephemeral loopback ports (unless
 /// it has its own `[server]`) and `[server] http1 = "<http1>"`.
 pub fn compile_on(http1: &str, policy: &str, upstream: SocketAddr) -> Policy {
-    let policy = policy.replace("{upstream}", &upstream.to_string());
+    let mut policy = policy.replace("{upstream}", &upstream.to_string());
+    // The admin listener goes on an ephemeral port: into the policy's own [admin], or a new one.
+    let admin = if policy.contains("[admin]\n") {
+        policy = policy.replacen("[admin]\n", "[admin]\nlisten = \"127.0.0.1:0\"\n", 1);
+        ""
+    } else {
+        "[admin]\nlisten = \"127.0.0.1:0\"\n"
+    };
     let setting = format!("http1 = \"{http1}\"\n");
     let text = if policy.contains("[server]\n") {
-        // The policy brings its own [server]; only the admin listener is added.
+        // The policy brings its own [server]; only the http1 setting is added.
         format!(
-            "[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+            "{admin}{}",
             policy.replacen("[server]\n", &format!("[server]\n{setting}"), 1)
         )
     } else {
-        format!(
-            "[server]\nlisten = [\"127.0.0.1:0\"]\n{setting}[admin]\nlisten = \"127.0.0.1:0\"\n{policy}"
-        )
+        format!("[server]\nlisten = [\"127.0.0.1:0\"]\n{setting}{admin}{policy}")
     };
     Policy::parse("test policy", &text).unwrap_or_else(|errors| panic!("{errors}"))
 }

@@ -12,7 +12,7 @@ use toml::Spanned;
 use super::{duration_or, resolve, Errors};
 use crate::client_ip::Trust;
 use crate::config::raw;
-use crate::config::{AdminSettings, ClientIpSettings, ServerSettings, TlsFiles};
+use crate::config::{AdminSettings, AdminToken, ClientIpSettings, ServerSettings, TlsFiles};
 
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
@@ -131,13 +131,35 @@ pub(super) fn compile_admin(raw: raw::RawAdmin, errors: &mut Errors<'_>) -> Admi
         ),
         None => None,
     };
+    let token = raw.token_env.and_then(|variable| {
+        match std::env::var(variable.get_ref()) {
+            Ok(token) if token.len() >= 16 => Some(AdminToken::new(variable.into_inner(), token)),
+            Ok(_) => {
+                errors.at(Some(variable.span()), "admin.token_env", format!("${} is shorter than 16 characters: too easy to guess for a token that resets limits", variable.get_ref()));
+                None
+            }
+            Err(_) => {
+                errors.at(Some(variable.span()), "admin.token_env", format!("${} is not set: /limits would be open to anyone who reaches the admin listener", variable.get_ref()));
+                None
+            }
+        }
+    });
     AdminSettings {
         listen: listen.unwrap_or_else(|| {
             DEFAULT_ADMIN_LISTEN
                 .parse()
                 .expect("the default admin address is valid")
         }),
+        token,
     }
+}
+
+/// Whether two listen addresses take the same socket: the same port (not an ephemeral 0) on the
+/// same address, or on every address.
+pub(super) fn same_listener(a: &std::net::SocketAddr, b: &std::net::SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 pub(super) fn prefix_length(
@@ -250,6 +272,24 @@ mod tests {
     use super::super::testing::{error, policy};
     use crate::client_ip::Trust;
     use crate::config::Http1Path;
+
+    #[test]
+    fn the_admin_listener_never_shares_the_public_address() {
+        let text = |public: &str, admin: &str| {
+            format!("[server]\nlisten = [\"{public}\"]\n[admin]\nlisten = \"{admin}\"\n")
+        };
+        assert_eq!(
+            error(&text("0.0.0.0:8080", "127.0.0.1:8080")).0,
+            "admin.listen"
+        );
+        assert_eq!(
+            error(&text("127.0.0.1:8080", "127.0.0.1:8080")).0,
+            "admin.listen"
+        );
+        policy(&text("0.0.0.0:8080", "127.0.0.1:9090"));
+        policy(&text("127.0.0.1:0", "127.0.0.1:0"));
+        policy(&text("127.0.0.1:8080", "127.0.0.2:8080"));
+    }
 
     #[test]
     fn defaults_listen_on_8080_with_the_admin_on_loopback() {

@@ -1,0 +1,169 @@
+//! `/limits` on the admin listener: the compiled limits, one key's state, and a reset (a
+//! support desk unlocking a locked-out account). The key's value is normalized and hashed as a
+//! request's would be; every reset is logged with the hashed key, never the value.
+
+use std::net::IpAddr;
+
+use http::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::config::{Limit, Mode, Tier};
+use crate::key;
+use crate::limit::{BucketKey, Charge};
+use crate::{respond, Body, Shared};
+
+/// Answers `/limits` and `/limits/{limit}?key=VALUE[&key=VALUE…][&tier=NAME]`.
+pub(super) async fn answer(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    peer: IpAddr,
+) -> http::Response<Body> {
+    let runtime = shared.runtime.load_full();
+    let policy = &runtime.policy;
+    let name = match path.strip_prefix("/limits") {
+        Some("" | "/") if *method == Method::GET => return all_limits(&policy.limits),
+        Some("" | "/") => return method_not_allowed(),
+        Some(rest) => rest.trim_start_matches('/'),
+        None => return respond::error(StatusCode::NOT_FOUND, "not_found", None),
+    };
+    let Some(limit) = policy.limits.iter().find(|limit| &*limit.name == name) else {
+        return respond::error(StatusCode::NOT_FOUND, "unknown_limit", Some(name));
+    };
+    let pairs: Vec<(String, String)> = query
+        .map(|query| {
+            form_urlencoded::parse(query.as_bytes())
+                .into_owned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let values: Vec<&str> = pairs
+        .iter()
+        .filter(|(name, _)| name == "key")
+        .map(|(_, value)| value.as_str())
+        .collect();
+    let parts = match key::parts_of_values(limit, &values, &shared.hasher) {
+        Ok(parts) => parts,
+        Err(message) => return respond::bad_request(&message),
+    };
+    let bucket = BucketKey {
+        limit: &limit.name,
+        fingerprint: limit.fingerprint,
+        parts,
+    };
+    let tier = pairs
+        .iter()
+        .find(|(name, _)| name == "tier")
+        .and_then(|(_, tier)| limit.tiers.iter().find(|(name, _)| name == tier));
+    let (capacity, rate) = match tier {
+        Some((_, Tier::Bucket { capacity, rate })) => (*capacity, *rate),
+        _ => (limit.capacity, limit.rate),
+    };
+    let charge = Charge {
+        capacity,
+        rate: if limit.calendar.is_some() {
+            0.0
+        } else {
+            rate.per_second()
+        },
+        cost: 1.0,
+        enforce: limit.mode == Mode::Enforce,
+        period: limit
+            .calendar
+            .as_ref()
+            .map(|calendar| calendar.quota_period(shared.store.calendar_now())),
+    };
+    let params = limit.adaptive.as_ref().map(|adaptive| &adaptive.params);
+    match *method {
+        Method::GET | Method::HEAD => match shared.store.inspect(&bucket, &charge, params).await {
+            Ok(state) => respond::full(
+                StatusCode::OK,
+                "application/json",
+                json!({
+                    "limit": &*limit.name,
+                    "tokens": state.tokens,
+                    "capacity": state.capacity,
+                    "penalty": state.penalty.map(|(factor, until)| json!({
+                        "factor": factor,
+                        "until_unix": until,
+                    })),
+                    "resets_in": charge.period.map(|period| period.ends_in),
+                })
+                .to_string(),
+            ),
+            Err(error) => store_failed(&error.to_string()),
+        },
+        Method::DELETE => {
+            let result = shared.store.forget(&bucket).await;
+            // The on_store_failure = "local" buckets of this replica forget it too.
+            shared.local.forget(&bucket);
+            match result {
+                Ok(()) => {
+                    tracing::info!(limit = %limit.name, key = %bucket, who = %peer, "key reset");
+                    let mut response = http::Response::new(Body::empty());
+                    *response.status_mut() = StatusCode::NO_CONTENT;
+                    response
+                }
+                Err(error) => store_failed(&error.to_string()),
+            }
+        }
+        _ => method_not_allowed(),
+    }
+}
+
+fn all_limits(limits: &[std::sync::Arc<Limit>]) -> http::Response<Body> {
+    let limits: Vec<Value> = limits.iter().map(|limit| describe(limit)).collect();
+    respond::full(
+        StatusCode::OK,
+        "application/json",
+        json!({ "limits": limits }).to_string(),
+    )
+}
+
+fn describe(limit: &Limit) -> Value {
+    let mut entry = json!({
+        "name": &*limit.name,
+        "kind": if limit.calendar.is_some() { "quota" } else { "bucket" },
+        "capacity": limit.capacity,
+        "mode": match limit.mode { Mode::Enforce => "enforce", Mode::Shadow => "shadow" },
+        "key_parts": limit.key.len(),
+    });
+    match &limit.calendar {
+        Some(calendar) => {
+            entry["period"] = calendar.period.as_str().into();
+            entry["timezone"] = calendar.zone_name.clone().into();
+        }
+        None => entry["rate_per_second"] = limit.rate.per_second().into(),
+    }
+    if !limit.tiers.is_empty() {
+        let tiers: serde_json::Map<String, Value> = limit
+            .tiers
+            .iter()
+            .map(|(name, tier)| {
+                let value = match tier {
+                    Tier::Exempt => "exempt".into(),
+                    Tier::Bucket { capacity, rate } if limit.calendar.is_none() => {
+                        json!({ "capacity": capacity, "rate_per_second": rate.per_second() })
+                    }
+                    Tier::Bucket { capacity, .. } => json!({ "quota": capacity }),
+                };
+                (name.clone(), value)
+            })
+            .collect();
+        entry["tiers"] = tiers.into();
+    }
+    entry
+}
+
+fn method_not_allowed() -> http::Response<Body> {
+    respond::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", None)
+}
+
+fn store_failed(detail: &str) -> http::Response<Body> {
+    respond::error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        Some(detail),
+    )
+}

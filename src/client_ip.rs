@@ -33,13 +33,21 @@ pub enum TrustWarning {
     ForwardedByUntrustedPeer,
     /// The chain was shorter than `trusted_hops`: a client may be bypassing the proxy.
     ChainShorterThanTrustedHops,
+    /// More distinct peers sent `X-Forwarded-For` than proxies usually are, while hops are
+    /// trusted: clients may be reaching tollgate directly and choosing their own address.
+    ForwardedByManyPeers,
 }
 
+/// How many distinct peers may send forwarding headers to a gateway that trusts hops before
+/// they look like clients rather than proxies.
+pub const MANY_FORWARDING_PEERS: usize = 16;
+
 impl TrustWarning {
-    pub const ALL: [TrustWarning; 3] = [
+    pub const ALL: [TrustWarning; 4] = [
         TrustWarning::ForwardedButNoHopTrusted,
         TrustWarning::ForwardedByUntrustedPeer,
         TrustWarning::ChainShorterThanTrustedHops,
+        TrustWarning::ForwardedByManyPeers,
     ];
 
     /// The metric label and log cause.
@@ -48,6 +56,7 @@ impl TrustWarning {
             TrustWarning::ForwardedButNoHopTrusted => "forwarded_but_no_hop_trusted",
             TrustWarning::ForwardedByUntrustedPeer => "forwarded_by_untrusted_peer",
             TrustWarning::ChainShorterThanTrustedHops => "chain_shorter_than_trusted_hops",
+            TrustWarning::ForwardedByManyPeers => "forwarded_by_many_peers",
         }
     }
 
@@ -61,6 +70,9 @@ impl TrustWarning {
             }
             TrustWarning::ChainShorterThanTrustedHops => {
                 "X-Forwarded-For chain shorter than trusted_hops: clients may be reaching tollgate without passing through the proxy"
+            }
+            TrustWarning::ForwardedByManyPeers => {
+                "X-Forwarded-For arrives from more than 16 different peer addresses while trusted_hops > 0: proxies are rarely that many, so clients are likely reaching tollgate directly and choosing the address their limits key on; set trusted_hops = 0, or trusted_proxies to your proxies' networks"
             }
         }
     }

@@ -259,6 +259,11 @@ impl Gateway {
             .forwarded_for(headers)
             .filter_map(|value| value.to_str().ok());
         let trust = &routed.runtime.policy.client_ip.trust;
+        if matches!(trust, client_ip::Trust::Hops(hops) if *hops > 0)
+            && routed.scan.forwarded_for_present()
+        {
+            self.shared.forwarding_peer(routed.connection.peer);
+        }
         let resolved = client_ip::resolve(trust, routed.connection.peer, forwarded_for)
             .map_err(|error| Reject::BadRequest(error.to_string()))?;
         if let Some(warning) = resolved.warning {

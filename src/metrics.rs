@@ -42,6 +42,25 @@ impl Outcome {
         Outcome::NoRoute,
     ];
 
+    /// Whether a request of `route` can end so: series of what cannot occur are not exported.
+    pub fn can_occur_on(self, route: &Route) -> bool {
+        use crate::config::{Mode, StoreFailurePolicy};
+        let has = |mode: Mode| route.limits.iter().any(|entry| entry.limit.mode == mode);
+        let limited = !route.limits.is_empty();
+        match self {
+            Outcome::Allowed | Outcome::BadRequest => true,
+            Outcome::Limited => has(Mode::Enforce),
+            Outcome::ShadowLimited => has(Mode::Shadow),
+            Outcome::StoreUnavailable => {
+                limited && route.on_store_failure == StoreFailurePolicy::Deny
+            }
+            Outcome::DegradedAllowed => {
+                limited && route.on_store_failure != StoreFailurePolicy::Deny
+            }
+            Outcome::NoRoute => false,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
@@ -365,8 +384,13 @@ impl Metrics {
     pub fn for_route(&self, route: &Route) -> RouteMetrics {
         let name = &*route.name;
         RouteMetrics {
-            outcomes: Outcome::ALL
-                .map(|outcome| self.requests.int_counter(&[name, outcome.as_str()])),
+            outcomes: Outcome::ALL.map(|outcome| {
+                if outcome.can_occur_on(route) {
+                    self.requests.int_counter(&[name, outcome.as_str()])
+                } else {
+                    IntCounter::unexported()
+                }
+            }),
             statuses: StatusClass::ALL
                 .map(|class| self.upstream_responses.int_counter(&[name, class.as_str()])),
             upstream_duration: self.upstream_duration.histogram(&[name]),
@@ -449,14 +473,15 @@ mod tests {
     }
 
     #[test]
-    fn a_routes_counters_carry_its_name_and_each_outcome() {
+    fn a_routes_counters_carry_its_name_and_only_outcomes_that_can_occur() {
         let metrics = Metrics::new();
         let policy = crate::config::Policy::parse(
             "test.toml",
-            "[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n[[routes]]\nname = \"login\"\npath = \"/login\"\nupstream = \"app\"\n",
+            "[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n[limits.peek]\nkey = \"global\"\ncapacity = 5\nrate = \"1/s\"\nmode = \"shadow\"\n[[routes]]\nname = \"login\"\npath = \"/login\"\nupstream = \"app\"\nlimits = [\"peek\"]\n[[routes]]\nname = \"open\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
         )
         .unwrap();
         let route = metrics.for_route(&policy.routes[0]);
+        metrics.for_route(&policy.routes[1]);
         route.outcome(Outcome::ShadowLimited).inc();
         route.upstream_status(StatusClass::Error).inc();
         let text = metrics.render();
@@ -465,6 +490,33 @@ mod tests {
         );
         assert!(
             text.contains("tollgate_upstream_responses_total{route=\"login\",status=\"error\"} 1")
+        );
+        let outcomes = |route: &str| -> Vec<&str> {
+            let mut seen: Vec<&str> = text
+                .lines()
+                .filter(|line| {
+                    line.starts_with("tollgate_requests_total{")
+                        && line.contains(&format!("route=\"{route}\""))
+                })
+                .filter_map(|line| line.split("outcome=\"").nth(1)?.split('"').next())
+                .collect();
+            seen.sort_unstable();
+            seen
+        };
+        assert_eq!(
+            outcomes("login"),
+            [
+                "allowed",
+                "bad_request",
+                "degraded_allowed",
+                "shadow_limited"
+            ],
+            "a shadow limit never refuses; no route is not a named route's"
+        );
+        assert_eq!(
+            outcomes("open"),
+            ["allowed", "bad_request"],
+            "a route without limits"
         );
     }
 }

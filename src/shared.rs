@@ -8,7 +8,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
-use crate::client_ip::TrustWarning;
+use crate::client_ip::{TrustWarning, MANY_FORWARDING_PEERS};
 use crate::config::Policy;
 use crate::key::KeyHasher;
 use crate::limit::{Clock, MemoryStore, RedisStore, Store};
@@ -46,6 +46,11 @@ pub(crate) struct TrustWarned {
     forwarded_but_no_hop_trusted: AtomicBool,
     forwarded_by_untrusted_peer: AtomicBool,
     chain_shorter_than_trusted_hops: AtomicBool,
+    forwarded_by_many_peers: AtomicBool,
+    /// Peers seen sending forwarding headers while hops are trusted (up to the threshold).
+    forwarding_peers: parking_lot::Mutex<Vec<std::net::IpAddr>>,
+    /// The latest of them: nearly every request comes through the same proxy.
+    latest_forwarding_peer: parking_lot::Mutex<Option<std::net::IpAddr>>,
 }
 
 impl TrustWarned {
@@ -54,7 +59,28 @@ impl TrustWarned {
             TrustWarning::ForwardedButNoHopTrusted => &self.forwarded_but_no_hop_trusted,
             TrustWarning::ForwardedByUntrustedPeer => &self.forwarded_by_untrusted_peer,
             TrustWarning::ChainShorterThanTrustedHops => &self.chain_shorter_than_trusted_hops,
+            TrustWarning::ForwardedByManyPeers => &self.forwarded_by_many_peers,
         }
+    }
+
+    /// Notes a peer that sent forwarding headers while hops are trusted; true once more than
+    /// [`MANY_FORWARDING_PEERS`] distinct peers have (once per process).
+    fn many_forwarding_peers(&self, peer: std::net::IpAddr) -> bool {
+        if self.forwarded_by_many_peers.load(Ordering::Relaxed) {
+            return false;
+        }
+        {
+            let mut latest = self.latest_forwarding_peer.lock();
+            if *latest == Some(peer) {
+                return false;
+            }
+            *latest = Some(peer);
+        }
+        let mut peers = self.forwarding_peers.lock();
+        if !peers.contains(&peer) {
+            peers.push(peer);
+        }
+        peers.len() > MANY_FORWARDING_PEERS
     }
 }
 
@@ -121,6 +147,14 @@ impl Shared {
     /// Counts a trust warning, and logs it once per cause. A chain shorter than
     /// `trusted_hops` is logged only once it is routine (at least a tenth of the requests, seen
     /// 50 times): a load balancer's own health checks carry no forwarding header.
+    /// Watches for forwarding headers from many distinct peers while hops are trusted, and
+    /// warns (logged and counted) once they are more than proxies usually are.
+    pub(crate) fn forwarding_peer(&self, peer: std::net::IpAddr) {
+        if self.trust_warned.many_forwarding_peers(peer) {
+            self.trust_warning(TrustWarning::ForwardedByManyPeers);
+        }
+    }
+
     pub(crate) fn trust_warning(&self, warning: TrustWarning) {
         let seen = self.metrics.client_ip_warning(warning);
         let warned = self.trust_warned.flag(warning);

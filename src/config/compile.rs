@@ -135,7 +135,19 @@ pub(super) fn resolve(base: Option<&Path>, path: &str) -> PathBuf {
 
 fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> Policy {
     let server = server::compile_server(raw.server, base, errors);
+    let admin_span = raw.admin.listen.as_ref().map(toml::Spanned::span);
     let admin = server::compile_admin(raw.admin, errors);
+    if let Some(public) = server
+        .listen
+        .iter()
+        .find(|public| server::same_listener(public, &admin.listen))
+    {
+        errors.at(
+            admin_span,
+            "admin.listen",
+            format!("{} is also a public listener ({public}): /metrics and /limits must never be served to clients; give the admin listener its own port", admin.listen),
+        );
+    }
     let client_ip = server::compile_client_ip(raw.client_ip, errors);
     let store = store::compile_store(raw.store, base, errors);
     let overload = raw
@@ -259,6 +271,38 @@ fn warnings(policy: &Policy) -> Vec<String> {
             warnings.push(format!("route {:?} only matches GET/HEAD but a limit reads the request body, which such requests rarely have", route.name));
         }
     }
+    let mut dead = Vec::new();
+    for (index, route) in policy.routes.iter().enumerate() {
+        if let Some(earlier) = policy.routes[..index]
+            .iter()
+            .find(|earlier| always_matches_first(earlier, route))
+        {
+            warnings.push(format!("route {:?} can never match: route {:?} above it matches every request it would (put the more specific route first)", route.name, earlier.name));
+            dead.push(route);
+        }
+    }
+    for limit in &policy.limits {
+        let users: Vec<&super::Route> = policy
+            .routes
+            .iter()
+            .filter(|route| {
+                route
+                    .limits
+                    .iter()
+                    .any(|entry| Arc::ptr_eq(&entry.limit, limit))
+            })
+            .collect();
+        if !users.is_empty()
+            && users
+                .iter()
+                .all(|route| dead.iter().any(|dead| std::ptr::eq(*dead, *route)))
+        {
+            warnings.push(format!(
+                "limit {:?} never applies: only routes that can never match use it",
+                limit.name
+            ));
+        }
+    }
     let catch_all = policy.routes.iter().any(|route| {
         route.host.is_none()
             && route.methods.is_none()
@@ -268,6 +312,28 @@ fn warnings(policy: &Policy) -> Vec<String> {
         warnings.push("no catch-all route (path_prefix = \"/\"): requests that match no route get 404 from the gateway".to_owned());
     }
     warnings
+}
+
+/// Whether `earlier` matches every request `later` would, so that `later` is never reached.
+fn always_matches_first(earlier: &super::Route, later: &super::Route) -> bool {
+    let hosts = earlier.host.is_none() || earlier.host == later.host;
+    let methods = match (&earlier.methods, &later.methods) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(earlier), Some(later)) => later.iter().all(|method| earlier.contains(method)),
+    };
+    let paths = match (&earlier.match_path, &later.match_path) {
+        (PathMatch::Prefix(prefix), PathMatch::Prefix(path) | PathMatch::Exact(path)) => {
+            prefix == "/"
+                || path == prefix
+                || path
+                    .strip_prefix(prefix.as_str())
+                    .is_some_and(|rest| rest.starts_with('/'))
+        }
+        (PathMatch::Exact(earlier), PathMatch::Exact(later)) => earlier == later,
+        (PathMatch::Exact(_), PathMatch::Prefix(_)) => false,
+    };
+    hosts && methods && paths
 }
 
 /// Compiling policy text in unit tests of the sections.
@@ -327,6 +393,57 @@ mod testing {
             key_path_at(text, text.find("name").unwrap()),
             "routes[0].name"
         );
+    }
+
+    #[test]
+    fn a_route_below_one_that_matches_all_it_would_is_named_with_it() {
+        let route = |name: &str, extra: &str| {
+            format!("[[routes]]\nname = \"{name}\"\nupstream = \"app\"\n{extra}\n")
+        };
+        let limits = "[limits.login]\nkey = \"client_network\"\ncapacity = 5\nrate = \"1/min\"\n";
+        let text = format!(
+            "{limits}{}{}{}{}",
+            route("all", "path_prefix = \"/\""),
+            route(
+                "login",
+                "path = \"/login\"\nmethods = [\"POST\"]\nlimits = [\"login\"]"
+            ),
+            route("api", "path_prefix = \"/api\""),
+            route("other_host", "host = \"a.example\"\npath = \"/x\""),
+        );
+        let warnings = policy(&text).warnings;
+        let about = |needle: &str| warnings.iter().filter(|w| w.contains(needle)).count();
+        assert_eq!(
+            about("route \"login\" can never match: route \"all\""),
+            1,
+            "{warnings:?}"
+        );
+        assert_eq!(about("route \"api\" can never match"), 1, "{warnings:?}");
+        assert_eq!(
+            about("route \"other_host\" can never match"),
+            1,
+            "a catch-all takes every host"
+        );
+        assert_eq!(about("limit \"login\" never applies"), 1, "{warnings:?}");
+        // In the right order, nothing is dead.
+        let text = format!(
+            "{limits}{}{}{}",
+            route(
+                "login",
+                "path = \"/login\"\nmethods = [\"POST\"]\nlimits = [\"login\"]"
+            ),
+            route("login_get", "path = \"/login\"\nmethods = [\"GET\"]"),
+            route("all", "path_prefix = \"/\""),
+        );
+        let warnings = policy(&text).warnings;
+        let dead = |w: &String| w.contains("can never match") || w.contains("never applies");
+        assert!(!warnings.iter().any(dead), "{warnings:?}");
+        let text = format!(
+            "{}{}",
+            route("apiary", "path_prefix = \"/apiary\""),
+            route("api", "path_prefix = \"/api\""),
+        );
+        assert!(!policy(&text).warnings.iter().any(dead));
     }
 
     #[test]

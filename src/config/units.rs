@@ -33,18 +33,36 @@ impl fmt::Display for Rate {
 /// The largest token count the bucket math holds exactly: every integer up to 2^53 is an f64.
 pub const MAX_EXACT_TOKENS: f64 = 9_007_199_254_740_992.0;
 
-/// Parses `"<tokens>/<period>"`, where the period is a unit (`s`, `min`, `h`, `d`, `ms`)
-/// or a duration (`30s`, `2m`). Zero, negative and non-finite rates are refused, and so are
-/// token counts over 2^53 and periods under a millisecond (no clock here is that fine).
+/// Parses `"<tokens>/<period>"`: tokens a decimal number (`5`, `0.5`), the period a unit
+/// (`s`, `min`, `h`, `d`) or a whole number of a unit (`30s`, `2min`, `500ms`, `2h`, `7d`):
+/// exactly what the error message lists. Zero and negative rates are refused, and so are token
+/// counts over 2^53 and periods under a millisecond (no clock here is that fine).
 pub fn parse_rate(text: &str) -> Result<Rate, String> {
-    let expected =
-        "expected \"<tokens>/<period>\" such as \"5/s\", \"100/min\", \"1/30s\" or \"0.5/s\"";
+    let expected = "expected \"<tokens>/<period>\" such as \"5/s\", \"100/min\", \"1/30s\" or \"0.5/s\": tokens a decimal number, the period s, min, h or d, or a whole number of ms, s, min, h or d";
     let (tokens, period) = text
         .split_once('/')
         .ok_or_else(|| format!("invalid rate {text:?}: {expected}"))?;
-    let tokens: f64 = tokens.trim().parse().map_err(|_| {
-        format!("invalid rate {text:?}: token count {tokens:?} is not a number; {expected}")
-    })?;
+    let decimal = |text: &str| {
+        let mut parts = text.splitn(2, '.');
+        let whole = parts.next().unwrap_or_default();
+        let fraction = parts.next();
+        !whole.is_empty()
+            && whole.bytes().all(|byte| byte.is_ascii_digit())
+            && fraction.is_none_or(|digits| {
+                !digits.is_empty() && digits.bytes().all(|byte| byte.is_ascii_digit())
+            })
+    };
+    let tokens_text = tokens.trim();
+    let tokens: f64 = tokens_text
+        .parse()
+        .ok()
+        // A negative count is a number, refused below for its sign.
+        .filter(|_| decimal(tokens_text.strip_prefix('-').unwrap_or(tokens_text)))
+        .ok_or_else(|| {
+            format!(
+                "invalid rate {text:?}: token count {tokens:?} is not a decimal number; {expected}"
+            )
+        })?;
     if !tokens.is_finite() || tokens <= 0.0 {
         return Err(format!(
             "invalid rate {text:?}: the token count must be greater than zero"
@@ -56,11 +74,9 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
         ));
     }
     let period_text = period.trim();
-    let period = match unit_duration(period_text) {
-        Some(unit) => unit,
-        None => parse_duration(period_text)
-            .map_err(|_| format!("invalid rate {text:?}: period {period_text:?} is not a unit (s, min, h, d) or a duration (30s, 2m); {expected}"))?,
-    };
+    let period = rate_period(period_text).ok_or_else(|| {
+        format!("invalid rate {text:?}: period {period_text:?} is not a unit or a whole number of one; {expected}")
+    })?;
     if period.is_zero() {
         return Err(format!(
             "invalid rate {text:?}: the period must be longer than zero"
@@ -74,16 +90,24 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
     Ok(Rate { tokens, period })
 }
 
-fn unit_duration(unit: &str) -> Option<Duration> {
-    let seconds = match unit {
-        "ms" => return Some(Duration::from_millis(1)),
-        "s" | "sec" | "second" => 1,
-        "m" | "min" | "minute" => 60,
-        "h" | "hour" => 3600,
-        "d" | "day" => 86_400,
+/// A rate's period: `s`, `min`, `h`, `d`, or a whole number of `ms`, `s`, `min`, `h`, `d`.
+fn rate_period(text: &str) -> Option<Duration> {
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (count, unit) = text.split_at(digits);
+    let millis: u64 = match unit {
+        "ms" if digits > 0 => 1,
+        "s" => 1000,
+        "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
         _ => return None,
     };
-    Some(Duration::from_secs(seconds))
+    let count: u64 = if count.is_empty() {
+        1
+    } else {
+        count.parse().ok()?
+    };
+    Some(Duration::from_millis(count.checked_mul(millis)?))
 }
 
 /// Parses `"50ms"`, `"30s"`, `"2m"`, `"1h"` (and combinations such as `"1m 30s"`).
@@ -136,7 +160,8 @@ mod tests {
             ("0.5/s", 0.5),
             ("3600/h", 1.0),
             ("1/120s", 1.0 / 120.0),
-            ("10/2m", 10.0 / 120.0),
+            ("10/2min", 10.0 / 120.0),
+            ("1000/500ms", 2000.0),
             ("86400/d", 1.0),
             (" 2 / s ", 2.0),
         ];
@@ -162,6 +187,14 @@ mod tests {
             "NaN/s",
             "inf/s",
             "/s",
+            "5/sec",
+            "5/ms",
+            "1e3/s",
+            "5/second",
+            "5/m",
+            "5/1.5s",
+            "+5/s",
+            ".5/s",
         ] {
             assert!(parse_rate(text).is_err(), "{text} should be refused");
         }

@@ -41,6 +41,11 @@ impl FieldScan {
     }
 
     /// The `X-Forwarded-For` values of `headers` (the scanned ones, or what is left of them).
+    /// Whether the request carries `X-Forwarded-For`.
+    pub(super) fn forwarded_for_present(&self) -> bool {
+        self.forwarded_for
+    }
+
     pub(super) fn forwarded_for<'h>(
         &self,
         headers: &'h HeaderMap,

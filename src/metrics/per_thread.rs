@@ -146,6 +146,12 @@ impl Cells {
 pub struct IntCounter(Arc<Cells>);
 
 impl IntCounter {
+    /// A counter no family exports: for a label combination that cannot occur, which a
+    /// handle still has to exist for.
+    pub(super) fn unexported() -> IntCounter {
+        IntCounter(Arc::new(Cells::new(1)))
+    }
+
     pub fn inc(&self) {
         self.0.add(slot(), 0, 1);
     }

@@ -659,3 +659,34 @@ async fn strict_path_matching_leaves_case_and_parameters_alone() {
         );
     }
 }
+
+#[tokio::test]
+async fn forwarding_headers_from_many_peers_while_trusting_hops_are_warned_about() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway_on(HTTP1, LOGIN, upstream.address).await;
+    let warned = |gateway: &tollgate::Tollgate| {
+        metric(
+            &gateway.render_metrics(),
+            r#"tollgate_client_ip_warnings_total{cause="forwarded_by_many_peers"}"#,
+        )
+    };
+    // Clients that reach the gateway directly, each from its own address (127.0.0.0/8 is all
+    // loopback), each naming an address of its choosing.
+    for peer in 2..=18u8 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, peer], 0)))
+            .unwrap();
+        let mut stream = socket.connect(gateway.addresses[0]).await.unwrap();
+        let request = format!(
+            "GET /page HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 198.51.100.{peer}\r\nConnection: close\r\n\r\n"
+        );
+        tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+            .await
+            .unwrap();
+        let response = read_response(&mut stream, false).await;
+        assert_eq!(response.status(), 200);
+        let expected = if usize::from(peer) - 1 > 16 { 1.0 } else { 0.0 };
+        assert_eq!(warned(&gateway), expected, "after {} peers", peer - 1);
+    }
+}

@@ -19,11 +19,12 @@ RUN touch src/main.rs src/lib.rs \
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/tollgate /usr/local/bin/tollgate
-COPY config/tollgate.toml /etc/tollgate/tollgate.toml
+COPY deploy/container/tollgate.toml /etc/tollgate/tollgate.toml
 ENV TOLLGATE_CONFIG=/etc/tollgate/tollgate.toml
 USER nonroot:nonroot
-# 8080: the proxy; 9090: the admin listener (/metrics, /healthz, /readyz). Bind the admin
-# listener to 0.0.0.0 in the policy only where the network keeps it private.
+# 8080: the proxy; 9090: the admin listener (/metrics, /healthz, /readyz, /limits), on all of
+# the container's addresses (deploy/container/tollgate.toml): publish it only to a private
+# network.
 EXPOSE 8080 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
     CMD ["/usr/local/bin/tollgate", "health"]

@@ -199,6 +199,18 @@ fn yaml_documents(file: &str) -> Vec<serde_yaml::Value> {
 }
 
 #[test]
+fn the_image_policy_listens_where_probes_and_prometheus_reach_it() {
+    let summary = check_policy(&root().join("deploy/container/tollgate.toml"));
+    assert!(
+        summary.contains("listen 0.0.0.0:8080   admin 0.0.0.0:9090"),
+        "{summary}"
+    );
+    assert!(summary.contains("http://app:3000"), "{summary}");
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    assert!(dockerfile.contains("COPY deploy/container/tollgate.toml /etc/tollgate/tollgate.toml"));
+}
+
+#[test]
 fn shipped_policies_pass_check() {
     let compose = check_policy(&root().join("deploy/compose/tollgate.toml"));
     assert!(compose.contains("store: redis"), "{compose}");
@@ -292,6 +304,16 @@ fn kubernetes_manifests_validate_and_agree() {
         .map(|r| r.as_str().unwrap())
         .collect();
     assert_eq!(resources, manifests);
+    // The Deployment's image can be set without editing it.
+    let image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap();
+    let overridden = kustomization["images"]
+        .as_sequence()
+        .expect("an images: override")
+        .iter()
+        .any(|entry| Some(entry["name"].as_str().unwrap_or_default()) == image.split(':').next());
+    assert!(overridden, "kustomization images: names {image}");
 }
 
 #[test]
@@ -358,7 +380,7 @@ fn the_dockerfile_runs_the_documented_command_as_non_root() {
         "Cargo.lock",
         "src",
         "examples",
-        "config/tollgate.toml",
+        "deploy/container/tollgate.toml",
     ] {
         assert!(
             root().join(copied).exists(),

@@ -71,16 +71,8 @@ pub(super) fn compile(file: &str, text: &str, base: Option<&Path>) -> Result<Pol
         text,
         found: Vec::new(),
     };
-    let raw: RawConfig = match toml::from_str(text) {
-        Ok(raw) => raw,
-        Err(error) => {
-            let key = error
-                .span()
-                .map(|span| key_path_at(text, span.start))
-                .unwrap_or_default();
-            errors.at(error.span(), key, error.message().trim_end());
-            return Err(ConfigErrors(errors.found));
-        }
+    let Some(raw) = parse(text, &mut errors) else {
+        return Err(ConfigErrors(errors.found));
     };
     let policy = compile_raw(raw, base, &mut errors);
     if errors.found.is_empty() {
@@ -90,12 +82,101 @@ pub(super) fn compile(file: &str, text: &str, base: Option<&Path>) -> Result<Pol
     }
 }
 
+/// The most errors one file reports: past that, the rest is noise.
+const MAX_PARSE_ERRORS: usize = 50;
+
+/// The file as serde reads it, with every syntax error and unknown key reported, not only the
+/// first: each one is recorded, the line it is on (for a table header, the whole table) is
+/// blanked out (offsets stay put, so later errors keep their lines), and the text is read again.
+/// Another kind of error (a value of the wrong type, a missing key) ends the reading: what
+/// follows from it would be noise.
+fn parse(text: &str, errors: &mut Errors<'_>) -> Option<RawConfig> {
+    let mut masked = text.as_bytes().to_vec();
+    let mut reported = 0;
+    loop {
+        let current = String::from_utf8_lossy(&masked).into_owned();
+        // Syntax first: the TOML parser stops at the first syntax error.
+        let (error, syntax) = match current.parse::<toml::Table>() {
+            Err(error) => (error, true),
+            // With errors reported, compiling goes on: its errors are reported too.
+            Ok(_) => match toml::from_str::<RawConfig>(&current) {
+                Ok(raw) => return Some(raw),
+                Err(error) => (error, false),
+            },
+        };
+        let key = error
+            .span()
+            .map(|span| key_path_at(text, span.start))
+            .unwrap_or_default();
+        errors.at(error.span(), key, error.message().trim_end());
+        reported += 1;
+        let unknown_key = error.message().starts_with("unknown field");
+        match error.span() {
+            Some(span) if (syntax || unknown_key) && reported < MAX_PARSE_ERRORS => {
+                if !blank_out(&mut masked, span.start) {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// Blanks out the line at `offset` (a table header: the table, up to the next header) with
+/// spaces behind a `#`, keeping every byte offset; false when there was nothing left to blank.
+fn blank_out(text: &mut [u8], offset: usize) -> bool {
+    let offset = offset.min(text.len());
+    let start = text[..offset]
+        .iter()
+        .rposition(|byte| *byte == b'\n')
+        .map_or(0, |newline| newline + 1);
+    let line_end = |from: usize| {
+        text[from..]
+            .iter()
+            .position(|byte| *byte == b'\n')
+            .map_or(text.len(), |at| from + at)
+    };
+    let mut end = line_end(start);
+    let is_header =
+        |line: &[u8]| line.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'[');
+    if is_header(&text[start..end]) {
+        while end < text.len() {
+            let next = line_end(end + 1);
+            if is_header(&text[end + 1..next]) {
+                break;
+            }
+            end = next;
+        }
+    }
+    let line = &mut text[start..end];
+    if line
+        .iter()
+        .all(|byte| byte.is_ascii_whitespace() || *byte == b'#')
+    {
+        return false;
+    }
+    for byte in line.iter_mut() {
+        if *byte != b'\n' {
+            *byte = b' ';
+        }
+    }
+    if let Some(first) = line.first_mut() {
+        *first = b'#';
+    }
+    true
+}
+
 /// The dotted key path of the `key = value` line at `offset` (`server.listen`,
-/// `routes[1].limits`), read from the nearest table header above it.
+/// `routes[1].limits`), read from the nearest table header above it; on a table header, the
+/// header's own name.
 fn key_path_at(text: &str, offset: usize) -> String {
     let offset = offset.min(text.len());
     let line_start = text[..offset].rfind('\n').map_or(0, |newline| newline + 1);
     let line = text[line_start..].lines().next().unwrap_or_default().trim();
+    if let Some(header) = line.strip_prefix('[') {
+        let name = header.trim_start_matches('[');
+        return name.split(']').next().unwrap_or_default().trim().to_owned();
+    }
     let key = match line.split_once('=') {
         Some((key, _)) if !line.starts_with('[') => key.trim().trim_matches('"'),
         _ => "",
@@ -444,6 +525,22 @@ mod testing {
             route("api", "path_prefix = \"/api\""),
         );
         assert!(!policy(&text).warnings.iter().any(dead));
+    }
+
+    #[test]
+    fn every_unknown_key_and_syntax_error_is_reported_with_its_own_path() {
+        let text = "[server]\nlisen = [\"127.0.0.1:8080\"]\n[limit.x]\nkey = \"global\"\ncapacity = 5\n[admin]\nlisten = \"127.0.0.1:9090\"\ntimeout = 3\n";
+        let found = errors(text);
+        let keys: Vec<&str> = found.iter().map(|(key, _)| key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["server.lisen", "limit.x", "admin.timeout"],
+            "{found:?}"
+        );
+        assert!(found[1].1.contains("unknown field `limit`"), "{found:?}");
+        let syntax =
+            errors("[server]\nlisten = [\"a\"\n[admin]\nlisten = \n[store]\nmax_keys = 5\n");
+        assert!(syntax.len() >= 2, "both syntax errors: {syntax:?}");
     }
 
     #[test]

@@ -235,6 +235,9 @@ impl Gateway {
         let body = read_body(routed.route, max_body, &parts.headers, body).await?;
         let mut buckets = Buckets::new();
         self.bucket_requests(routed, client, &parts, &body, &mut buckets)?;
+        if access_log::enabled() {
+            exchange.keys = Some(access_log::keys(&buckets));
+        }
         let admission = match self.decide(routed.route, &buckets, exchange, reports).await {
             Ok(admission) => admission,
             Err(reject) => {

@@ -171,6 +171,10 @@ async fn json_logs_one_access_line_per_request_and_sigterm_exits_0() {
         assert_eq!(refused["outcome"], "limited");
         assert_eq!(refused["cause"], "", "a refusal is nobody's fault");
         assert_eq!(refused["limit"], "per_network");
+        assert_eq!(
+            refused["keys"], "per_network=v4:127.0.0.1/32",
+            "each limit's store key"
+        );
         assert_eq!(refused["path"], "/c");
         assert_eq!(refused["method"], "GET");
         assert!(refused["duration_ms"].as_f64().is_some());
@@ -440,6 +444,11 @@ async fn inspect_and_reset_unlock_a_key_and_the_reset_is_logged_without_its_valu
     assert_eq!(code, Some(0));
     assert!(stdout.contains("reset"), "{stdout}");
     assert_eq!(client.get("/", &user).await.status, 200, "unlocked");
+    let access = process.wait_for(false, |line| line.contains("\"keys\":\"per_network=h:"));
+    assert!(
+        !access.contains("dora-4242"),
+        "the access log's keys are hashed: {access}"
+    );
     let logged = process.wait_for(false, |line| line.contains("key reset"));
     assert!(
         logged.contains("per_network:h:"),

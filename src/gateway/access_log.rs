@@ -26,6 +26,9 @@ pub(super) struct Exchange {
     /// Who caused a request to end early, when something did.
     pub(super) cause: Option<Cause>,
     pub(super) limit: Option<String>,
+    /// Each applied limit's store key (`per_account=h:3f9a…,per_network=v4:…/32`): hashed,
+    /// never a clear value, and what a replay of the log keys its buckets by.
+    pub(super) keys: Option<String>,
     pub(super) upstream: Option<Duration>,
     pub(super) request_id: RequestId,
     logged: bool,
@@ -42,6 +45,7 @@ impl Exchange {
             outcome: None,
             cause: None,
             limit: None,
+            keys: None,
             upstream: None,
             request_id,
             logged: false,
@@ -66,6 +70,23 @@ impl Drop for Exchange {
     }
 }
 
+/// `limit=key` for each bucket, comma-separated: the store keys without their prefix.
+pub(super) fn keys(buckets: &[crate::limit::BucketRequest<'_>]) -> String {
+    let mut text = String::new();
+    for bucket in buckets {
+        if !text.is_empty() {
+            text.push(',');
+        }
+        text.push_str(bucket.key.limit);
+        text.push('=');
+        let start = text.len();
+        bucket.key.push_to(&mut text);
+        // push_to spells `<limit>:<key>`: keep the key.
+        text.replace_range(start..start + bucket.key.limit.len() + 1, "");
+    }
+    text
+}
+
 /// Whether access lines are written: what only the log reads is not worked out otherwise.
 pub(super) fn enabled() -> bool {
     tracing::enabled!(target: "tollgate::access", tracing::Level::INFO)
@@ -82,6 +103,7 @@ fn write(exchange: &Exchange, status: StatusCode) {
         .unwrap_or_default();
     let route = exchange.route.as_deref().unwrap_or("");
     let limit = exchange.limit.as_deref().unwrap_or("");
+    let keys = exchange.keys.as_deref().unwrap_or("");
     let milliseconds = |elapsed: Duration| (elapsed.as_secs_f64() * 1e6).round() / 1e3;
     let upstream_ms = exchange.upstream.map_or(-1.0, milliseconds);
     tracing::info!(
@@ -94,6 +116,7 @@ fn write(exchange: &Exchange, status: StatusCode) {
         outcome,
         cause = exchange.cause.map_or("", Cause::as_str),
         limit,
+        keys,
         duration_ms = exchange.started.map_or(-1.0, |started| milliseconds(clock::elapsed(started))),
         upstream_ms,
         request_id = exchange.request_id.as_str(),

@@ -22,6 +22,7 @@ pub mod limit;
 pub mod metrics;
 pub mod overload;
 pub mod path;
+pub mod replay;
 mod request_id;
 pub mod respond;
 pub mod route;

@@ -84,6 +84,19 @@ enum Command {
     /// Reset one key of a limit (its bucket full again, its penalty gone), for every replica
     /// sharing a Redis store.
     Reset(KeyArguments),
+    /// Decide logged traffic (tollgate's JSON access log; gzip and `-` for stdin too) against a
+    /// policy, with the log's clock, and report what it would refuse. Exit 0 when it ran, 1
+    /// when no line could be read, 2 for a bad policy.
+    Replay {
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// The report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Log files, in time order.
+        #[arg(required = true, value_name = "LOG")]
+        logs: Vec<String>,
+    },
     /// Run the gateway in front of a built-in echo upstream, with a demo policy.
     Demo {
         /// Public address of the demo gateway.
@@ -123,6 +136,7 @@ fn main() -> ExitCode {
             }
             Command::Demo { listen, admin } => demo(listen, admin).await,
             Command::Health { url, config } => Ok(health(url, config).await),
+            Command::Replay { config, json, logs } => Ok(replay(config, json, &logs)),
             Command::Inspect(arguments) => Ok(key_command(false, arguments).await),
             Command::Reset(arguments) => Ok(key_command(true, arguments).await),
         }
@@ -267,6 +281,40 @@ fn admin_url(config: Option<PathBuf>) -> Result<String, String> {
         });
     }
     Ok(format!("http://{address}"))
+}
+
+fn replay(config: Option<PathBuf>, json: bool, logs: &[String]) -> ExitCode {
+    let path = config.unwrap_or_else(config::default_path);
+    let policy = match Policy::load(&path) {
+        Ok(policy) => policy,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut replay = tollgate::replay::Replay::new(&policy);
+    let read = tollgate::replay::read_lines(logs, |number, line| match line {
+        Ok(line) => replay.decide(&line),
+        Err(why) => replay.bad_line(number, why),
+    });
+    if let Err(error) = read {
+        eprintln!("tollgate: {error}");
+        return ExitCode::FAILURE;
+    }
+    let report = replay.report();
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+    if report.lines == 0 {
+        eprintln!(
+            "tollgate: no request could be read from {}",
+            logs.join(", ")
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 /// `tollgate inspect` and `tollgate reset`: one call to the admin API, its answer for a person.

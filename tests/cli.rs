@@ -478,3 +478,102 @@ async fn inspect_and_reset_unlock_a_key_and_the_reset_is_logged_without_its_valu
     assert_eq!(code, Some(1));
     assert!(stderr.contains("no limit named \"nope\""), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replaying_a_gateways_own_log_reproduces_its_refusals() {
+    let upstream = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    let text = policy(upstream.address, 5).replace(
+        "[[routes]]",
+        "[limits.per_user]\nkey = { header = \"x-user\" }\ncapacity = 2\nrate = \"1/h\"\n[[routes]]",
+    ).replace("limits = [\"per_network\"]", "limits = [\"per_user\", \"per_network\"]");
+    write(&file, &text);
+    let mut process = run_with_json_logs(&file);
+    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
+    let client = HttpClient::new(address_in(&listening));
+    let mut statuses = Vec::new();
+    for user in [
+        "ann", "ann", "ann", "ben", "ben", "cid", "cid", "cid", "ann",
+    ] {
+        statuses.push(client.get("/", &[("x-user", user)]).await.status.as_u16());
+    }
+    // per_user (2 each) refuses ann's third, cid's third and ann's fourth; per_network (5)
+    // runs out at cid's second.
+    assert_eq!(statuses, [200, 200, 429, 200, 200, 200, 429, 429, 429]);
+    process.signal("TERM");
+    assert_eq!(process.wait_exit(), 0);
+    let lines = process.stderr.lock().unwrap().clone();
+    let log = dir.path().join("access.log");
+    write(&log, &(lines.join("\n") + "\n"));
+    let refused_by = |limit: &str| {
+        lines
+            .iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|json| json["target"] == "tollgate::access")
+            .filter(|json| {
+                json["limit"]
+                    .as_str()
+                    .unwrap_or("")
+                    .split(',')
+                    .any(|name| name == limit)
+            })
+            .count() as u64
+    };
+    let (code, stdout, stderr) = run_cli(&[
+        "replay",
+        "--config",
+        file.to_str().unwrap(),
+        "--json",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["lines"], 9);
+    for limit in ["per_user", "per_network"] {
+        let replayed = report["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|entry| entry["limit"] == limit)
+            .unwrap();
+        assert_eq!(
+            replayed["refusals"].as_u64(),
+            Some(refused_by(limit)),
+            "{limit}: {report}"
+        );
+        assert_eq!(replayed["not_replayable"], 0);
+    }
+    assert!(refused_by("per_user") > 0 && refused_by("per_network") > 0);
+    // The same log gzip-compressed replays the same.
+    let gzipped = dir.path().join("access.log.gz");
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut encoder, std::fs::read(&log).unwrap().as_slice()).unwrap();
+    std::fs::write(&gzipped, encoder.finish().unwrap()).unwrap();
+    let (code, again, _) = run_cli(&[
+        "replay",
+        "--config",
+        file.to_str().unwrap(),
+        "--json",
+        gzipped.to_str().unwrap(),
+    ]);
+    assert_eq!((code, again), (Some(0), stdout));
+    // A log with no request in it is exit 1; a bad policy exit 2.
+    let empty = dir.path().join("empty.log");
+    write(&empty, "not json\n");
+    let (code, stdout, _) = run_cli(&[
+        "replay",
+        "--config",
+        file.to_str().unwrap(),
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stdout.contains("line 1: not a JSON log line"), "{stdout}");
+    let (code, _, _) = run_cli(&[
+        "replay",
+        "--config",
+        "/nonexistent.toml",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+}

@@ -1,0 +1,200 @@
+//! What a replay found, per route and limit: requests, would-be refusals, the keys refused,
+//! and the capacity at which 99 % of keys, and every key, would never have been refused.
+
+use std::collections::HashMap;
+
+use serde_json::json;
+
+use super::Replay;
+
+/// One key's requests under one limit.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct KeyTally {
+    refusals: u64,
+    /// The most tokens the key's requests ever took beyond the refill (the smallest capacity
+    /// that never refuses it), and that running figure at `last`.
+    needed: f64,
+    running: f64,
+    last: f64,
+}
+
+/// One limit of one route.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub(crate) requests: u64,
+    pub(crate) not_replayable: u64,
+    refusals: u64,
+    keys: HashMap<String, KeyTally>,
+}
+
+impl Tally {
+    /// A decided request of `key` at `time` (seconds) costing `cost`, refused or not, for a
+    /// limit refilling `rate` tokens a second (0: a quota, no suggestion).
+    pub(crate) fn record(&mut self, key: &str, time: f64, cost: f64, refused: bool, rate: f64) {
+        let tally = match self.keys.get_mut(key) {
+            Some(tally) => tally,
+            None => self.keys.entry(key.to_owned()).or_default(),
+        };
+        // The most any window of the key's requests took beyond what refilled in it.
+        let refilled = (time - tally.last).max(0.0) * rate;
+        tally.running = cost.max(tally.running - refilled + cost);
+        tally.needed = tally.needed.max(tally.running);
+        tally.last = time;
+        if refused {
+            tally.refusals += 1;
+            self.refusals += 1;
+        }
+    }
+}
+
+/// The replay's findings for one limit of one route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitReport {
+    pub route: String,
+    pub limit: String,
+    pub requests: u64,
+    pub refusals: u64,
+    pub not_replayable: u64,
+    pub keys_refused: u64,
+    /// The keys refused most, with their refusals.
+    pub top_keys: Vec<(String, u64)>,
+    /// The smallest capacity (at the limit's rate) that never refuses 99 % of keys, and every
+    /// key; `None` for a quota.
+    pub capacity_for_99_percent: Option<f64>,
+    pub capacity_for_all: Option<f64>,
+}
+
+/// Everything a replay found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub lines: u64,
+    pub bad_lines: u64,
+    /// The first bad lines, with their numbers.
+    pub first_bad_lines: Vec<(u64, String)>,
+    pub unrouted: u64,
+    pub undecided: u64,
+    pub limits: Vec<LimitReport>,
+}
+
+pub(super) fn report(replay: &Replay<'_>) -> Report {
+    let mut limits = Vec::new();
+    for (route, tallies) in replay.policy.routes.iter().zip(&replay.tallies) {
+        for (entry, tally) in route.limits.iter().zip(tallies) {
+            let mut top: Vec<(String, u64)> = tally
+                .keys
+                .iter()
+                .filter(|(_, key)| key.refusals > 0)
+                .map(|(name, key)| (name.clone(), key.refusals))
+                .collect();
+            top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            let keys_refused = top.len() as u64;
+            top.truncate(10);
+            let mut needed: Vec<f64> = tally.keys.values().map(|key| key.needed).collect();
+            needed.sort_by(f64::total_cmp);
+            let quantile = |share: f64| {
+                (!needed.is_empty() && entry.limit.calendar.is_none()).then(|| {
+                    let index =
+                        ((needed.len() as f64 * share).ceil() as usize).clamp(1, needed.len());
+                    needed[index - 1].ceil()
+                })
+            };
+            limits.push(LimitReport {
+                route: route.name.to_string(),
+                limit: entry.limit.name.to_string(),
+                requests: tally.requests,
+                refusals: tally.refusals,
+                not_replayable: tally.not_replayable,
+                keys_refused,
+                top_keys: top,
+                capacity_for_99_percent: quantile(0.99),
+                capacity_for_all: quantile(1.0),
+            });
+        }
+    }
+    Report {
+        lines: replay.lines,
+        bad_lines: replay.bad_line_count,
+        first_bad_lines: replay.bad_lines.clone(),
+        unrouted: replay.unrouted,
+        undecided: replay.undecided,
+        limits,
+    }
+}
+
+impl Report {
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "lines": self.lines,
+            "bad_lines": self.bad_lines,
+            "first_bad_lines": self.first_bad_lines.iter().map(|(line, why)| json!({"line": line, "why": why})).collect::<Vec<_>>(),
+            "unrouted": self.unrouted,
+            "undecided": self.undecided,
+            "limits": self.limits.iter().map(|limit| json!({
+                "route": limit.route,
+                "limit": limit.limit,
+                "requests": limit.requests,
+                "refusals": limit.refusals,
+                "refused_share": share(limit.refusals, limit.requests),
+                "not_replayable": limit.not_replayable,
+                "keys_refused": limit.keys_refused,
+                "top_keys": limit.top_keys.iter().map(|(key, refusals)| json!({"key": key, "refusals": refusals})).collect::<Vec<_>>(),
+                "capacity_for_99_percent_of_keys": limit.capacity_for_99_percent,
+                "capacity_for_every_key": limit.capacity_for_all,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// The report as a table for a person.
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{} requests replayed; {} not decided by limits (bad requests, no route); {} match no route of this policy; {} bad lines",
+            self.lines, self.undecided, self.unrouted, self.bad_lines
+        );
+        for (line, why) in &self.first_bad_lines {
+            let _ = writeln!(out, "  line {line}: {why}");
+        }
+        let _ = writeln!(
+            out,
+            "\n{:<16} {:<16} {:>9} {:>9} {:>7} {:>12} {:>10} {:>10}",
+            "route", "limit", "requests", "refused", "share", "keys refused", "cap 99%", "cap all"
+        );
+        for limit in &self.limits {
+            let capacity =
+                |value: Option<f64>| value.map_or("-".to_owned(), |value| value.to_string());
+            let _ = writeln!(
+                out,
+                "{:<16} {:<16} {:>9} {:>9} {:>6.1}% {:>12} {:>10} {:>10}",
+                limit.route,
+                limit.limit,
+                limit.requests,
+                limit.refusals,
+                share(limit.refusals, limit.requests) * 100.0,
+                limit.keys_refused,
+                capacity(limit.capacity_for_99_percent),
+                capacity(limit.capacity_for_all),
+            );
+            if limit.not_replayable > 0 {
+                let _ = writeln!(
+                    out,
+                    "  {} requests not replayable from this log (the limit's key is not in it)",
+                    limit.not_replayable
+                );
+            }
+            for (key, refusals) in limit.top_keys.iter().take(5) {
+                let _ = writeln!(out, "  {refusals:>6} refused  {key}");
+            }
+        }
+        out
+    }
+}
+
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}

@@ -236,6 +236,40 @@ impl Limit {
             || matches!(self.tier, Some(TierSource::JwtClaim(_)))
     }
 
+    /// What one request costs this limit: with `tier`'s numbers (`None` for an exempt tier),
+    /// the refill multiplied by `rate_factor` (an overload), and for a calendar quota the
+    /// period `calendar_now` (Unix seconds, read only for a quota) falls in. The one place
+    /// the gateway, the admin API and replay build a limit's charge.
+    pub fn charge(
+        &self,
+        tier: Option<&Tier>,
+        cost: f64,
+        rate_factor: f64,
+        calendar_now: impl FnOnce() -> f64,
+    ) -> Option<crate::limit::Charge> {
+        let (capacity, rate) = match tier {
+            Some(Tier::Exempt) => return None,
+            Some(Tier::Bucket { capacity, rate }) => (*capacity, *rate),
+            None => (self.capacity, self.rate),
+        };
+        let period = self
+            .calendar
+            .as_ref()
+            .map(|calendar| calendar.quota_period(calendar_now()));
+        Some(crate::limit::Charge {
+            capacity,
+            // A quota never refills: its count starts over with its period.
+            rate: if period.is_some() {
+                0.0
+            } else {
+                rate.per_second() * rate_factor
+            },
+            cost,
+            enforce: self.mode == Mode::Enforce,
+            period,
+        })
+    }
+
     /// Extra tokens charged after a response with this status.
     pub fn charge_for(&self, status: u16) -> f64 {
         self.charge_on_status

@@ -33,8 +33,7 @@ use self::accounting::BucketAccount;
 use self::body::read_body;
 use self::checks::FieldScan;
 pub use self::reject::{Cause, Reject, Reports};
-use crate::config::Tier;
-use crate::config::{HeaderMode, Mode, PathMatching, StoreFailurePolicy};
+use crate::config::{HeaderMode, StoreFailurePolicy};
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
@@ -196,10 +195,7 @@ impl Gateway {
             .matches_hosts
             .then(|| host.as_ref().map(checks::host_without_port))
             .flatten();
-        let match_path = match runtime.policy.server.path_matching {
-            PathMatching::Canonical => path::canonical(&exchange.path),
-            PathMatching::Strict => std::borrow::Cow::Borrowed(exchange.path.as_str()),
-        };
+        let match_path = path::for_matching(&exchange.path, runtime.policy.server.path_matching);
         let route = route::find(
             &runtime.routes,
             host_name.as_deref(),
@@ -299,7 +295,7 @@ impl Gateway {
             .with_claims(claims.as_deref());
         let load_factor = self.shared.load.factor();
         // Read once, and only for a route with a calendar quota.
-        let mut calendar_now = None;
+        let mut calendar_time = None;
         for (position, applied) in route.limits.iter().enumerate() {
             let limit = &*applied.limit;
             let Some(key_parts) =
@@ -310,10 +306,15 @@ impl Gateway {
             else {
                 continue;
             };
-            let (capacity, rate) = match key::tier(limit, &facts) {
-                Some(Tier::Exempt) => continue,
-                Some(Tier::Bucket { capacity, rate }) => (*capacity, *rate),
-                None => (limit.capacity, limit.rate),
+            let calendar_now =
+                || *calendar_time.get_or_insert_with(|| self.shared.store.calendar_now());
+            let Some(charge) = limit.charge(
+                key::tier(limit, &facts),
+                applied.cost,
+                load_factor,
+                calendar_now,
+            ) else {
+                continue;
             };
             buckets.push(BucketRequest {
                 key: BucketKey {
@@ -321,26 +322,7 @@ impl Gateway {
                     fingerprint: limit.fingerprint,
                     parts: key_parts,
                 },
-                charge: match &limit.calendar {
-                    None => Charge {
-                        capacity,
-                        rate: rate.per_second() * load_factor,
-                        cost: applied.cost,
-                        enforce: limit.mode == Mode::Enforce,
-                        period: None,
-                    },
-                    Some(calendar) => {
-                        let now =
-                            *calendar_now.get_or_insert_with(|| self.shared.store.calendar_now());
-                        Charge {
-                            capacity,
-                            rate: 0.0,
-                            cost: applied.cost,
-                            enforce: limit.mode == Mode::Enforce,
-                            period: Some(calendar.quota_period(now)),
-                        }
-                    }
-                },
+                charge,
                 adaptive: limit.adaptive.as_ref().map(|adaptive| adaptive.params),
                 route_limit: position,
             });

@@ -134,7 +134,7 @@ impl std::fmt::Display for JwtVerifier {
     }
 }
 
-/// The claims a check reads, as the token's header and payload spell them.
+/// What verification reads of a token's header: its algorithm and the key it names.
 #[derive(serde::Deserialize)]
 struct TokenHeader {
     alg: String,

@@ -94,6 +94,11 @@ impl BucketKey<'_> {
     pub fn push_to(&self, out: &mut String) {
         out.push_str(self.limit);
         out.push(':');
+        self.push_key_to(out);
+    }
+
+    /// Appends the key alone (`global`, `v4:203.0.113.0/24`, `h:…`, parts joined by `|`).
+    pub fn push_key_to(&self, out: &mut String) {
         if self.parts.is_empty() {
             out.push_str("global");
         }

@@ -13,6 +13,18 @@
 /// receives the normalized path.
 ///
 /// Cost: one pass over the path when there is nothing to change (the usual case).
+/// What routes are compared with: the normalized path, in canonical form unless `[server]
+/// path_matching = "strict"`.
+pub fn for_matching(
+    normalized: &str,
+    matching: crate::config::PathMatching,
+) -> std::borrow::Cow<'_, str> {
+    match matching {
+        crate::config::PathMatching::Canonical => canonical(normalized),
+        crate::config::PathMatching::Strict => std::borrow::Cow::Borrowed(normalized),
+    }
+}
+
 pub fn canonical(normalized: &str) -> std::borrow::Cow<'_, str> {
     let plain = normalized
         .bytes()

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use http::Method;
 
-use crate::config::{KeySource, PathMatching, Policy};
-use crate::limit::{bucket, BucketState, Charge, Timestamp, Verdicts};
+use crate::config::{KeySource, Policy};
+use crate::limit::{bucket, BucketState, Timestamp, Verdicts};
 use crate::{key, path, route};
 
 pub use read::{read_lines, LogLine};
@@ -23,6 +23,9 @@ pub struct Replay<'p> {
     policy: &'p Policy,
     /// Per (limit, key): the bucket, as the gateway's store would hold it.
     buckets: HashMap<(usize, String), BucketState>,
+    /// Per route, per entry: the limit's index in the policy (buckets are the limit's, whatever
+    /// route charges them).
+    limit_indexes: Vec<Vec<usize>>,
     /// Per (route, limit): what the report tells.
     pub(crate) tallies: Vec<Vec<report::Tally>>,
     pub(crate) lines: u64,
@@ -37,6 +40,23 @@ impl<'p> Replay<'p> {
         Replay {
             policy,
             buckets: HashMap::new(),
+            limit_indexes: policy
+                .routes
+                .iter()
+                .map(|route| {
+                    route
+                        .limits
+                        .iter()
+                        .map(|entry| {
+                            policy
+                                .limits
+                                .iter()
+                                .position(|limit| std::sync::Arc::ptr_eq(limit, &entry.limit))
+                                .unwrap_or(0)
+                        })
+                        .collect()
+                })
+                .collect(),
             tallies: policy
                 .routes
                 .iter()
@@ -77,10 +97,7 @@ impl<'p> Replay<'p> {
             return;
         };
         let normalized = path::normalize(&line.path);
-        let match_path = match self.policy.server.path_matching {
-            PathMatching::Canonical => path::canonical(&normalized),
-            PathMatching::Strict => std::borrow::Cow::Borrowed(normalized.as_str()),
-        };
+        let match_path = path::for_matching(&normalized, self.policy.server.path_matching);
         let Some(route_index) =
             route::find(&self.policy.routes, None, &method, &match_path).map(|found| {
                 self.policy
@@ -113,26 +130,11 @@ impl<'p> Replay<'p> {
             {
                 continue;
             }
-            let limit_index = self
-                .policy
-                .limits
-                .iter()
-                .position(|candidate| std::sync::Arc::ptr_eq(candidate, &entry.limit))
-                .unwrap_or(0);
-            charges.push(Charge {
-                capacity: limit.capacity,
-                rate: if limit.calendar.is_some() {
-                    0.0
-                } else {
-                    limit.rate.per_second()
-                },
-                cost: entry.cost,
-                enforce: limit.mode == crate::config::Mode::Enforce,
-                period: limit
-                    .calendar
-                    .as_ref()
-                    .map(|calendar| calendar.quota_period(line.time)),
-            });
+            let limit_index = self.limit_indexes[route_index][position];
+            let Some(charge) = limit.charge(None, entry.cost, 1.0, || line.time) else {
+                continue;
+            };
+            charges.push(charge);
             keys.push((limit_index, bucket_key));
             positions.push(position);
         }

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::config::{Limit, Mode, Tier};
 use crate::key;
-use crate::limit::{BucketKey, Charge};
+use crate::limit::BucketKey;
 use crate::{respond, Body, Shared};
 
 /// Answers `/limits` and `/limits/{limit}?key=VALUE[&key=VALUE…][&tier=NAME]`.
@@ -55,25 +55,13 @@ pub(super) async fn answer(
     let tier = pairs
         .iter()
         .find(|(name, _)| name == "tier")
-        .and_then(|(_, tier)| limit.tiers.iter().find(|(name, _)| name == tier));
-    let (capacity, rate) = match tier {
-        Some((_, Tier::Bucket { capacity, rate })) => (*capacity, *rate),
-        _ => (limit.capacity, limit.rate),
-    };
-    let charge = Charge {
-        capacity,
-        rate: if limit.calendar.is_some() {
-            0.0
-        } else {
-            rate.per_second()
-        },
-        cost: 1.0,
-        enforce: limit.mode == Mode::Enforce,
-        period: limit
-            .calendar
-            .as_ref()
-            .map(|calendar| calendar.quota_period(shared.store.calendar_now())),
-    };
+        .and_then(|(_, tier)| limit.tiers.iter().find(|(name, _)| name == tier))
+        .map(|(_, tier)| tier);
+    // An exempt tier has no bucket: the key reads as the limit's own.
+    let charge = limit
+        .charge(tier, 1.0, 1.0, || shared.store.calendar_now())
+        .or_else(|| limit.charge(None, 1.0, 1.0, || shared.store.calendar_now()))
+        .expect("a limit's own numbers always make a charge");
     let params = limit.adaptive.as_ref().map(|adaptive| &adaptive.params);
     match *method {
         Method::GET | Method::HEAD => match shared.store.inspect(&bucket, &charge, params).await {

@@ -6,6 +6,7 @@ mod limits;
 mod routes;
 mod server;
 mod store;
+mod tiers;
 mod upstreams;
 
 use std::collections::{BTreeMap, HashSet};

@@ -79,10 +79,7 @@ pub(super) fn keys(buckets: &[crate::limit::BucketRequest<'_>]) -> String {
         }
         text.push_str(bucket.key.limit);
         text.push('=');
-        let start = text.len();
-        bucket.key.push_to(&mut text);
-        // push_to spells `<limit>:<key>`: keep the key.
-        text.replace_range(start..start + bucket.key.limit.len() + 1, "");
+        bucket.key.push_key_to(&mut text);
     }
     text
 }

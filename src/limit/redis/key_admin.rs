@@ -21,9 +21,7 @@ fn reset_channel(prefix: &str) -> String {
 
 impl RedisStore {
     fn store_key(&self, key: &BucketKey<'_>) -> String {
-        let mut text = self.prefix.clone();
-        key.push_to(&mut text);
-        text
+        super::StoreKeys::new(&self.prefix, std::iter::once(key))[0].to_owned()
     }
 
     async fn query<T: redis::FromRedisValue + Send>(

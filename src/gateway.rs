@@ -185,7 +185,7 @@ impl Gateway {
         connection: &'r Connection,
         exchange: &mut Exchange,
     ) -> Result<Routed<'r>, Reject> {
-        exchange.path = path::normalize(request.uri().path());
+        exchange.path = path::normalize(request.uri().path()).into_owned();
         if self.shared.shutting_down.load(Ordering::Relaxed) {
             return Err(Reject::ShuttingDown);
         }

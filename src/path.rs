@@ -5,6 +5,17 @@
 //! are decoded (`/%6Cogin`), other percent-encodings are upper-cased, repeated slashes merged
 //! (`//login`) and dot-segments resolved (`/./login`, `/a/../login`, `/%2e%2e/login`).
 
+use std::borrow::Cow;
+
+/// What routes are compared with: the normalized path, in canonical form unless `[server]
+/// path_matching = "strict"`.
+pub fn for_matching(normalized: &str, matching: crate::config::PathMatching) -> Cow<'_, str> {
+    match matching {
+        crate::config::PathMatching::Canonical => canonical(normalized),
+        crate::config::PathMatching::Strict => Cow::Borrowed(normalized),
+    }
+}
+
 /// The form of a normalized path that routes are matched on with `[server] path_matching =
 /// "canonical"`: what common application servers route alike is alike here too. ASCII case
 /// is folded (Express and ASP.NET route `/LOGIN` as `/login`), `;` parameters are removed
@@ -13,24 +24,12 @@
 /// receives the normalized path.
 ///
 /// Cost: one pass over the path when there is nothing to change (the usual case).
-/// What routes are compared with: the normalized path, in canonical form unless `[server]
-/// path_matching = "strict"`.
-pub fn for_matching(
-    normalized: &str,
-    matching: crate::config::PathMatching,
-) -> std::borrow::Cow<'_, str> {
-    match matching {
-        crate::config::PathMatching::Canonical => canonical(normalized),
-        crate::config::PathMatching::Strict => std::borrow::Cow::Borrowed(normalized),
-    }
-}
-
-pub fn canonical(normalized: &str) -> std::borrow::Cow<'_, str> {
+pub fn canonical(normalized: &str) -> Cow<'_, str> {
     let plain = normalized
         .bytes()
         .all(|byte| !byte.is_ascii_uppercase() && byte != b';' && byte != b'\\');
     if plain {
-        return std::borrow::Cow::Borrowed(normalized);
+        return Cow::Borrowed(normalized);
     }
     let slashes = normalized.replace('\\', "/").replace("%5C", "/");
     let mut folded = String::with_capacity(slashes.len());
@@ -41,17 +40,18 @@ pub fn canonical(normalized: &str) -> std::borrow::Cow<'_, str> {
         let without_parameters = segment.split(';').next().unwrap_or_default();
         folded.push_str(&without_parameters.to_ascii_lowercase());
     }
-    std::borrow::Cow::Owned(normalize(&folded))
+    Cow::Owned(normalize(&folded).into_owned())
 }
 
 /// Returns the normalized form of `path` (the path component only, without the query).
 ///
-/// Cost: one pass to decode, one pass over the segments; one allocation for the result.
-pub fn normalize(path: &str) -> String {
+/// Cost: one pass over a path that is already normal (the usual case), borrowed as it is;
+/// otherwise one pass to decode, one over the segments, and one allocation for the result.
+pub fn normalize(path: &str) -> Cow<'_, str> {
     if is_normal(path) {
-        return path.to_owned();
+        return Cow::Borrowed(path);
     }
-    normalize_in_full(path)
+    Cow::Owned(normalize_in_full(path))
 }
 
 fn normalize_in_full(path: &str) -> String {
@@ -104,9 +104,9 @@ fn is_normal(path: &str) -> bool {
 /// Decodes `%XX` where XX encodes an unreserved character (RFC 3986 §2.3: ALPHA, DIGIT,
 /// `-`, `.`, `_`, `~`); upper-cases the hex digits of every other valid encoding and leaves
 /// invalid `%` sequences as they are.
-fn decode_unreserved(path: &str) -> std::borrow::Cow<'_, str> {
+fn decode_unreserved(path: &str) -> Cow<'_, str> {
     if !path.contains('%') {
-        return std::borrow::Cow::Borrowed(path);
+        return Cow::Borrowed(path);
     }
     let bytes = path.as_bytes();
     let mut out = String::with_capacity(path.len());
@@ -131,7 +131,7 @@ fn decode_unreserved(path: &str) -> std::borrow::Cow<'_, str> {
         out.push_str(&path[i..i + ch_len]);
         i += ch_len;
     }
-    std::borrow::Cow::Owned(out)
+    Cow::Owned(out)
 }
 
 fn utf8_len(first: u8) -> usize {
@@ -154,7 +154,7 @@ fn hex_value(byte: u8) -> Option<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::{canonical, normalize};
+    use super::{canonical, normalize, Cow};
     use proptest::prelude::*;
 
     #[test]
@@ -177,10 +177,7 @@ mod tests {
                 "{variant} -> {normalized} -> {canonical}"
             );
         }
-        assert!(matches!(
-            canonical("/api/v1/users"),
-            std::borrow::Cow::Borrowed(_)
-        ));
+        assert!(matches!(canonical("/api/v1/users"), Cow::Borrowed(_)));
         assert_eq!(canonical("/a;b/c;d"), "/a/c");
     }
 

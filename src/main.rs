@@ -90,10 +90,17 @@ enum Command {
     Replay {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// The log format: tollgate's JSON access log, or nginx/Apache "combined" (auto: told
+        /// by each file's first line).
+        #[arg(long, value_enum, default_value = "auto")]
+        format: tollgate::replay::Format,
         /// The report as JSON.
         #[arg(long)]
         json: bool,
-        /// Log files, in time order.
+        /// Also write the report, with a chart per limit, as one self-contained HTML file.
+        #[arg(long, value_name = "FILE.html")]
+        report: Option<PathBuf>,
+        /// Log files, in time order (`-`: standard input; gzip-compressed files too).
         #[arg(required = true, value_name = "LOG")]
         logs: Vec<String>,
     },
@@ -136,7 +143,13 @@ fn main() -> ExitCode {
             }
             Command::Demo { listen, admin } => demo(listen, admin).await,
             Command::Health { url, config } => Ok(health(url, config).await),
-            Command::Replay { config, json, logs } => Ok(replay(config, json, &logs)),
+            Command::Replay {
+                config,
+                format,
+                json,
+                report,
+                logs,
+            } => Ok(replay(config, format, json, report, &logs)),
             Command::Inspect(arguments) => Ok(key_command(false, arguments).await),
             Command::Reset(arguments) => Ok(key_command(true, arguments).await),
         }
@@ -283,7 +296,13 @@ fn admin_url(config: Option<PathBuf>) -> Result<String, String> {
     Ok(format!("http://{address}"))
 }
 
-fn replay(config: Option<PathBuf>, json: bool, logs: &[String]) -> ExitCode {
+fn replay(
+    config: Option<PathBuf>,
+    format: tollgate::replay::Format,
+    json: bool,
+    html: Option<PathBuf>,
+    logs: &[String],
+) -> ExitCode {
     let path = config.unwrap_or_else(config::default_path);
     let policy = match Policy::load(&path) {
         Ok(policy) => policy,
@@ -293,7 +312,7 @@ fn replay(config: Option<PathBuf>, json: bool, logs: &[String]) -> ExitCode {
         }
     };
     let mut replay = tollgate::replay::Replay::new(&policy);
-    let read = tollgate::replay::read_lines(logs, |number, line| match line {
+    let read = tollgate::replay::read_lines(logs, format, |number, line| match line {
         Ok(line) => replay.decide(&line),
         Err(why) => replay.bad_line(number, why),
     });
@@ -302,6 +321,12 @@ fn replay(config: Option<PathBuf>, json: bool, logs: &[String]) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let report = replay.report();
+    if let Some(html) = &html {
+        if let Err(error) = std::fs::write(html, report.to_html(&path.display().to_string())) {
+            eprintln!("tollgate: cannot write {}: {error}", html.display());
+            return ExitCode::FAILURE;
+        }
+    }
     if json {
         println!("{}", report.to_json());
     } else {

@@ -4,25 +4,35 @@
 //! access log, or the client address for `client_network` limits). What a line cannot provide
 //! is counted as not replayable, never guessed.
 
+mod flat_json;
+mod html;
 mod read;
 mod report;
+mod svg;
+mod time;
+mod timeline;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 
 use http::Method;
 
-use crate::config::{KeySource, Policy};
-use crate::limit::{bucket, BucketState, Timestamp, Verdicts};
-use crate::{key, path, route};
+use crate::config::{KeySource, Limit, Policy};
+use crate::limit::{bucket, BucketState, Charge, KeyPart, Timestamp, Verdicts};
+use crate::{client_ip, key, path, route};
 
-pub use read::{read_lines, LogLine};
+pub use read::{read_lines, Format, LineParser, LogLine, LoggedKeys};
 pub use report::{LimitReport, Report};
+pub use timeline::Timeline;
+
+/// A hasher that is the same in every run, so that a report's order of equal keys is too.
+type Hasher = foldhash::fast::FixedState;
 
 /// Replays lines against `policy`; lines must come in time order (a log's order).
 pub struct Replay<'p> {
     policy: &'p Policy,
-    /// Per (limit, key): the bucket, as the gateway's store would hold it.
-    buckets: HashMap<(usize, String), BucketState>,
+    /// Per limit of the policy: its keys and their buckets.
+    keys: Vec<KeyTable>,
     /// Per route, per entry: the limit's index in the policy (buckets are the limit's, whatever
     /// route charges them).
     limit_indexes: Vec<Vec<usize>>,
@@ -33,13 +43,56 @@ pub struct Replay<'p> {
     pub(crate) bad_line_count: u64,
     pub(crate) unrouted: u64,
     pub(crate) undecided: u64,
+    /// Reused from line to line: one line's charges, buckets and verdicts.
+    scratch: Scratch,
+}
+
+/// One limit's keys, each numbered once: a line's key is looked up, never copied.
+#[derive(Default)]
+pub(crate) struct KeyTable {
+    numbers: HashMap<Box<str>, u32, Hasher>,
+    pub(crate) names: Vec<Box<str>>,
+    buckets: Vec<Option<BucketState>>,
+    pub(crate) usage: Vec<report::KeyUsage>,
+}
+
+impl KeyTable {
+    fn number(&mut self, key: &str) -> u32 {
+        if let Some(number) = self.numbers.get(key) {
+            return *number;
+        }
+        let number = self.names.len() as u32;
+        self.numbers.insert(key.into(), number);
+        self.names.push(key.into());
+        self.buckets.push(None);
+        self.usage.push(report::KeyUsage::default());
+        number
+    }
+}
+
+#[derive(Default)]
+struct Scratch {
+    charges: Vec<Charge>,
+    /// Per charge: the limit's index in the policy, the key's number, the entry's position in
+    /// the route.
+    buckets: Vec<(usize, u32, usize)>,
+    states: Vec<Option<BucketState>>,
+    verdicts: Verdicts,
+    network_key: String,
 }
 
 impl<'p> Replay<'p> {
     pub fn new(policy: &'p Policy) -> Replay<'p> {
+        let index_of = |limit: &std::sync::Arc<Limit>| {
+            policy
+                .limits
+                .iter()
+                .position(|known| std::sync::Arc::ptr_eq(known, limit))
+                .unwrap_or(0)
+        };
         Replay {
             policy,
-            buckets: HashMap::new(),
+            keys: policy.limits.iter().map(|_| KeyTable::default()).collect(),
             limit_indexes: policy
                 .routes
                 .iter()
@@ -47,32 +100,21 @@ impl<'p> Replay<'p> {
                     route
                         .limits
                         .iter()
-                        .map(|entry| {
-                            policy
-                                .limits
-                                .iter()
-                                .position(|limit| std::sync::Arc::ptr_eq(limit, &entry.limit))
-                                .unwrap_or(0)
-                        })
+                        .map(|entry| index_of(&entry.limit))
                         .collect()
                 })
                 .collect(),
             tallies: policy
                 .routes
                 .iter()
-                .map(|route| {
-                    route
-                        .limits
-                        .iter()
-                        .map(|_| report::Tally::default())
-                        .collect()
-                })
+                .map(|route| route.limits.iter().map(|_| Default::default()).collect())
                 .collect(),
             lines: 0,
             bad_lines: Vec::new(),
             bad_line_count: 0,
             unrouted: 0,
             undecided: 0,
+            scratch: Scratch::default(),
         }
     }
 
@@ -85,82 +127,92 @@ impl<'p> Replay<'p> {
     }
 
     /// Decides one logged request, as the gateway would have with this policy.
-    pub fn decide(&mut self, line: &LogLine) {
+    pub fn decide(&mut self, line: &LogLine<'_>) {
         self.lines += 1;
         if !line.decided {
             // The gateway answered it before any limit (a bad request, no route).
             self.undecided += 1;
             return;
         }
-        let Ok(method) = line.method.parse::<Method>() else {
+        let Ok(method) = Method::from_bytes(line.method.as_bytes()) else {
             self.undecided += 1;
             return;
         };
         let normalized = path::normalize(&line.path);
         let match_path = path::for_matching(&normalized, self.policy.server.path_matching);
-        let Some(route_index) =
-            route::find(&self.policy.routes, None, &method, &match_path).map(|found| {
-                self.policy
-                    .routes
-                    .iter()
-                    .position(|route| std::ptr::eq(route, found))
-                    .unwrap_or(0)
-            })
+        let routes = &self.policy.routes;
+        let Some(route_index) = route::find(routes, None, &method, &match_path)
+            .and_then(|found| routes.iter().position(|route| std::ptr::eq(route, found)))
         else {
             self.unrouted += 1;
             return;
         };
-        let route = &self.policy.routes[route_index];
-        let now = Timestamp((line.time.max(0.0) * 1e9) as u64);
-        let mut charges = Vec::new();
-        let mut keys = Vec::new();
-        let mut positions = Vec::new();
-        for (position, entry) in route.limits.iter().enumerate() {
+        let client = self.client(line);
+        let Scratch {
+            charges,
+            buckets,
+            states,
+            verdicts,
+            network_key,
+        } = &mut self.scratch;
+        charges.clear();
+        buckets.clear();
+        let mut logged_keys = line.logged_keys();
+        for (position, entry) in routes[route_index].limits.iter().enumerate() {
             let limit = &*entry.limit;
             let tally = &mut self.tallies[route_index][position];
             tally.requests += 1;
-            let Some(bucket_key) = key_of(limit, line) else {
+            let Some(key) = key_of(limit, &mut logged_keys, client, network_key) else {
                 tally.not_replayable += 1;
                 continue;
             };
-            if limit
-                .exempt
-                .iter()
-                .any(|network| line.client.is_some_and(|client| network.contains(&client)))
-            {
+            let exempt = client
+                .is_some_and(|client| limit.exempt.iter().any(|network| network.contains(&client)));
+            if exempt {
                 continue;
             }
-            let limit_index = self.limit_indexes[route_index][position];
             let Some(charge) = limit.charge(None, entry.cost, 1.0, || line.time) else {
                 continue;
             };
+            let limit_index = self.limit_indexes[route_index][position];
             charges.push(charge);
-            keys.push((limit_index, bucket_key));
-            positions.push(position);
+            buckets.push((limit_index, self.keys[limit_index].number(key), position));
         }
-        let mut states: Vec<Option<BucketState>> = keys
+        states.clear();
+        states.extend(
+            buckets
+                .iter()
+                .map(|&(limit, key, _)| self.keys[limit].buckets[key as usize]),
+        );
+        let now = Timestamp((line.time.max(0.0) * 1e9) as u64);
+        bucket::decide(charges, states, now, verdicts);
+        for (((&(limit, key, position), state), verdict), charge) in buckets
             .iter()
-            .map(|key| self.buckets.get(key).copied())
-            .collect();
-        let mut verdicts = Verdicts::new();
-        bucket::decide(&charges, &mut states, now, &mut verdicts);
-        for (((key, state), verdict), (position, charge)) in keys
-            .into_iter()
-            .zip(states)
-            .zip(&verdicts)
-            .zip(positions.into_iter().zip(&charges))
+            .zip(states.iter())
+            .zip(verdicts.iter())
+            .zip(charges.iter())
         {
-            let tally = &mut self.tallies[route_index][position];
-            tally.record(
-                &key.1,
-                line.time,
-                charge.cost,
-                !verdict.sufficient,
-                charge.rate,
-            );
-            if let Some(state) = state {
-                self.buckets.insert(key, state);
+            let keys = &mut self.keys[limit];
+            keys.usage[key as usize].record(line.time, charge);
+            if state.is_some() {
+                keys.buckets[key as usize] = *state;
             }
+            let refused = !verdict.sufficient;
+            self.tallies[route_index][position].record(key, line.time, refused);
+        }
+    }
+
+    /// The client the gateway would have resolved: the logged one, or for a combined log with
+    /// `X-Forwarded-For`, the one `[client_ip]` trusts.
+    fn client(&self, line: &LogLine<'_>) -> Option<IpAddr> {
+        let peer = line.client?;
+        match line.forwarded_for {
+            Some(forwarded_for) => {
+                client_ip::resolve(&self.policy.client_ip.trust, peer, [forwarded_for])
+                    .ok()
+                    .map(|resolved| resolved.client)
+            }
+            None => Some(peer),
         }
     }
 
@@ -171,18 +223,24 @@ impl<'p> Replay<'p> {
 }
 
 /// The key a logged request has for `limit`: the gateway's own, from `keys`; or, for a limit
-/// keyed by the client's network (or `global`), worked out from the logged client.
-fn key_of(limit: &crate::config::Limit, line: &LogLine) -> Option<String> {
-    if let Some(logged) = line.keys.get(&*limit.name) {
-        return Some(logged.clone());
+/// keyed by the client's network (or `global`), worked out from the client (spelled into
+/// `scratch`).
+fn key_of<'k: 's, 's>(
+    limit: &Limit,
+    logged_keys: &mut LoggedKeys<'k>,
+    client: Option<IpAddr>,
+    scratch: &'s mut String,
+) -> Option<&'s str> {
+    if let Some(logged) = logged_keys.key(&limit.name) {
+        return Some(logged);
     }
     match limit.key.as_slice() {
-        [] => Some("global".to_owned()),
+        [] => Some("global"),
         [KeySource::ClientNetwork] => {
-            let network = key::client_network(line.client?, limit.ipv4_prefix, limit.ipv6_prefix);
-            let mut text = String::new();
-            crate::limit::KeyPart::Network(network).push_to(&mut text);
-            Some(text)
+            let network = key::client_network(client?, limit.ipv4_prefix, limit.ipv6_prefix);
+            scratch.clear();
+            KeyPart::Network(network).push_to(scratch);
+            Some(scratch)
         }
         _ => None,
     }

@@ -565,10 +565,24 @@ async fn replaying_a_gateways_own_log_reproduces_its_refusals() {
         "replay",
         "--config",
         file.to_str().unwrap(),
+        "--format",
+        "json",
         empty.to_str().unwrap(),
     ]);
     assert_eq!(code, Some(1));
     assert!(stdout.contains("line 1: not a JSON log line"), "{stdout}");
+    // Told by its first line, a file not starting with `{` is read as a combined log.
+    let (code, stdout, _) = run_cli(&[
+        "replay",
+        "--config",
+        file.to_str().unwrap(),
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stdout.contains("line 1: not a combined log line"),
+        "{stdout}"
+    );
     let (code, _, _) = run_cli(&[
         "replay",
         "--config",

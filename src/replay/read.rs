@@ -1,22 +1,83 @@
-//! Log lines as replay reads them: tollgate's JSON access log, from files (gzip-compressed or
-//! not) or standard input.
+//! Log lines as replay reads them: tollgate's JSON access log, or the nginx/Apache "combined"
+//! format, from files (gzip-compressed or not) or standard input. A line is borrowed from the
+//! reader's buffer, not copied: replay reads a million of them a second.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
 use std::io::{BufRead, BufReader, Read};
 use std::net::IpAddr;
 
+use super::flat_json;
+use super::time::{CombinedTime, JsonTime};
+
+/// The log format a file is read as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Told by each file's first line: `{` starts a JSON line.
+    Auto,
+    /// tollgate's JSON access log.
+    Json,
+    /// nginx's and Apache's "combined" format, optionally followed by `"$http_x_forwarded_for"`.
+    Combined,
+}
+
 /// What replay needs of one logged request.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LogLine {
+pub struct LogLine<'a> {
     /// Unix seconds.
     pub time: f64,
-    pub method: String,
-    pub path: String,
+    pub method: &'a str,
+    pub path: Cow<'a, str>,
+    /// The logged client (`client`), or the TCP peer (`$remote_addr`) when `forwarded_for` is
+    /// set.
     pub client: Option<IpAddr>,
-    /// Each applied limit's store key, as the gateway logged it.
-    pub keys: HashMap<String, String>,
+    /// `X-Forwarded-For` as a combined log recorded it, for `[client_ip]` to resolve.
+    pub forwarded_for: Option<&'a str>,
+    /// Each applied limit's store key, as the gateway logged it (`limit=key,…`); `None` when
+    /// the format carries no keys.
+    pub keys: Option<Cow<'a, str>>,
     /// The gateway took a decision on it (not a bad request, not an unrouted one).
     pub decided: bool,
+}
+
+impl<'a> LogLine<'a> {
+    /// The keys the gateway logged, to be asked for in the route's order of limits.
+    pub fn logged_keys(&self) -> LoggedKeys<'_> {
+        let all = self.keys.as_deref();
+        LoggedKeys { all, rest: all }
+    }
+}
+
+/// A line's logged keys (`limit=key,…`). The gateway writes them in its route's order of
+/// limits, so asked in that order each is found where the last one ended.
+pub struct LoggedKeys<'a> {
+    all: Option<&'a str>,
+    rest: Option<&'a str>,
+}
+
+impl<'a> LoggedKeys<'a> {
+    /// The key logged for `limit`.
+    pub fn key(&mut self, limit: &str) -> Option<&'a str> {
+        if let Some((key, rest)) = self.rest.and_then(|rest| first_pair(rest, limit)) {
+            self.rest = rest;
+            return Some(key);
+        }
+        let mut pairs = self.all?;
+        loop {
+            match first_pair(pairs, limit) {
+                Some((key, _)) => return Some(key),
+                None => pairs = &pairs[memchr::memchr(b',', pairs.as_bytes())? + 1..],
+            }
+        }
+    }
+}
+
+/// When `pairs` starts with `limit=key`: the key, and the pairs after it.
+fn first_pair<'a>(pairs: &'a str, limit: &str) -> Option<(&'a str, Option<&'a str>)> {
+    let rest = pairs.strip_prefix(limit)?.strip_prefix('=')?;
+    Some(match memchr::memchr(b',', rest.as_bytes()) {
+        Some(comma) => (&rest[..comma], Some(&rest[comma + 1..])),
+        None => (rest, None),
+    })
 }
 
 /// Opens `path` (`-`: standard input), decompressing gzip (told by its first bytes).
@@ -38,79 +99,265 @@ fn open(path: &str) -> std::io::Result<Box<dyn BufRead>> {
     })
 }
 
+/// Reads one line after another in `format`, keeping what repeats between lines (the day of
+/// a JSON timestamp, the second of a combined one).
+#[derive(Default)]
+pub struct LineParser {
+    json_time: JsonTime,
+    combined_time: CombinedTime,
+}
+
+impl LineParser {
+    /// One line: `Ok(None)` for a line that is not a request (another log event).
+    pub fn parse<'a>(
+        &mut self,
+        format: Format,
+        line: &'a [u8],
+    ) -> Result<Option<LogLine<'a>>, String> {
+        match format {
+            Format::Combined => self.parse_combined(line).map(Some),
+            Format::Json | Format::Auto => self.parse_json(line),
+        }
+    }
+
+    fn parse_json<'a>(&mut self, line: &'a [u8]) -> Result<Option<LogLine<'a>>, String> {
+        let line = std::str::from_utf8(line).map_err(|_| "not a JSON log line: not UTF-8")?;
+        let json = AccessFields::scan(line).map_or_else(|| AccessFields::deserialize(line), Ok)?;
+        if json.target.as_deref() != Some("tollgate::access") {
+            return Ok(None);
+        }
+        let time = self
+            .json_time
+            .parse(&json.timestamp.ok_or("no timestamp")?)?;
+        let Cow::Borrowed(method) = json.method.ok_or("no method")? else {
+            return Err("not a method".to_owned());
+        };
+        Ok(Some(LogLine {
+            time,
+            method,
+            path: json.path.ok_or("no path")?,
+            client: json.client.and_then(|client| client.parse().ok()),
+            forwarded_for: None,
+            keys: Some(json.keys.unwrap_or_default()),
+            decided: matches!(
+                json.outcome.as_deref(),
+                Some(
+                    "allowed"
+                        | "limited"
+                        | "shadow_limited"
+                        | "degraded_allowed"
+                        | "store_unavailable"
+                )
+            ),
+        }))
+    }
+
+    /// `$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent
+    /// "$http_referer" "$http_user_agent"`, and optionally `"$http_x_forwarded_for"`.
+    fn parse_combined<'a>(&mut self, line: &'a [u8]) -> Result<LogLine<'a>, String> {
+        let line = std::str::from_utf8(line)
+            .map_err(|_| "not a combined log line: not UTF-8".to_owned())?
+            .trim_end();
+        let not_combined = |what: &str| format!("not a combined log line: {what}");
+        let (remote, rest) = line
+            .split_once(' ')
+            .ok_or_else(|| not_combined("no fields"))?;
+        let client = remote
+            .parse::<IpAddr>()
+            .map_err(|_| not_combined("the first field is not an address"))?;
+        let (_, rest) = rest
+            .split_once('[')
+            .ok_or_else(|| not_combined("no [time]"))?;
+        let (time, rest) = rest
+            .split_once(']')
+            .ok_or_else(|| not_combined("no [time]"))?;
+        let time = self.combined_time.parse(time)?;
+        let mut quoted = Quoted(rest);
+        let request = quoted
+            .next()
+            .ok_or_else(|| not_combined("no \"request\""))?;
+        let status = quoted
+            .0
+            .split_whitespace()
+            .next()
+            .and_then(|status| status.parse::<u16>().ok())
+            .ok_or_else(|| not_combined("no status"))?;
+        let (_referer, _agent) = (quoted.next(), quoted.next());
+        let forwarded_for = quoted.next().filter(|value| *value != "-");
+        let mut parts = request.split(' ');
+        let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let path = origin_path(target);
+        Ok(LogLine {
+            time,
+            method,
+            path: Cow::Borrowed(path.unwrap_or("")),
+            client: Some(client),
+            forwarded_for,
+            keys: None,
+            // A request line the server could not read (logged as "-", or a 400 for garbage)
+            // reached no limit.
+            decided: path.is_some() && !method.is_empty() && status != 400,
+        })
+    }
+}
+
+/// The fields of a JSON access line that replay reads.
+#[derive(Debug, Default, PartialEq, serde::Deserialize)]
+pub(super) struct AccessFields<'a> {
+    #[serde(borrow, default, deserialize_with = "text")]
+    timestamp: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    target: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    method: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    path: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    client: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    outcome: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    keys: Option<Cow<'a, str>>,
+}
+
+/// A string field, borrowed unless it holds an escape (serde borrows a `Cow` only as a field
+/// of its own, not inside an `Option`).
+fn text<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Cow<'de, str>>, D::Error> {
+    #[derive(serde::Deserialize)]
+    struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Some(
+        <Text<'de> as serde::Deserialize>::deserialize(deserializer)?.0,
+    ))
+}
+
+impl<'a> AccessFields<'a> {
+    /// The fast way: a flat line without escapes, as tollgate writes it. `None` for any
+    /// other line, and for one that serde_json would not read the same (a field twice, or not
+    /// a string).
+    pub(super) fn scan(line: &'a str) -> Option<AccessFields<'a>> {
+        let mut fields = AccessFields::default();
+        let mut plain = true;
+        flat_json::fields(line, |name, value| {
+            let slot = match name {
+                "timestamp" => &mut fields.timestamp,
+                "target" => &mut fields.target,
+                "method" => &mut fields.method,
+                "path" => &mut fields.path,
+                "client" => &mut fields.client,
+                "outcome" => &mut fields.outcome,
+                "keys" => &mut fields.keys,
+                _ => return,
+            };
+            match value {
+                flat_json::Value::Text(text) if slot.is_none() => *slot = Some(Cow::Borrowed(text)),
+                _ => plain = false,
+            }
+        })?;
+        plain.then_some(fields)
+    }
+
+    pub(super) fn deserialize(line: &'a str) -> Result<AccessFields<'a>, String> {
+        serde_json::from_str(line).map_err(|error| format!("not a JSON log line: {error}"))
+    }
+}
+
+/// The path of a request target (origin form, or absolute form), without its query.
+fn origin_path(target: &str) -> Option<&str> {
+    let target = match target.split_once("://") {
+        Some((_scheme, rest)) => &rest[rest.find('/')?..],
+        None => target,
+    };
+    target
+        .starts_with('/')
+        .then(|| target.split(['?', '#']).next().unwrap_or(target))
+}
+
+/// The double-quoted fields of a combined line, in order (`\"` inside one is Apache's escape).
+struct Quoted<'a>(&'a str);
+
+impl<'a> Iterator for Quoted<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let start = self.0.find('"')? + 1;
+        let bytes = self.0.as_bytes();
+        let mut end = start;
+        while end < bytes.len() && bytes[end] != b'"' {
+            end += if bytes[end] == b'\\' { 2 } else { 1 };
+        }
+        let field = self.0.get(start..end.min(bytes.len()))?;
+        self.0 = self.0.get(end + 1..).unwrap_or("");
+        Some(field)
+    }
+}
+
 /// Calls `each` with every line of the logs, numbered from 1 per file: `Ok` with a request,
 /// `Err` with why the line is not one. Lines of the log that are not access lines (other log
 /// events) are passed over. Fails only when a file cannot be opened.
 pub fn read_lines(
     paths: &[String],
-    mut each: impl FnMut(u64, Result<LogLine, String>),
+    format: Format,
+    mut each: impl FnMut(u64, Result<LogLine<'_>, String>),
 ) -> Result<(), String> {
+    let mut parser = LineParser::default();
+    // A line split between two reads of the file, put together here; every other line is
+    // read where it lies in the reader's buffer.
+    let mut split_line = Vec::new();
     for path in paths {
-        let reader = open(path).map_err(|error| format!("cannot read {path}: {error}"))?;
-        for (index, line) in reader.split(b'\n').enumerate() {
-            let number = index as u64 + 1;
-            let line = match line {
-                Ok(line) => line,
-                Err(error) => {
-                    each(number, Err(format!("{path}: {error}")));
-                    break;
-                }
-            };
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
+        let mut reader = open(path).map_err(|error| format!("cannot read {path}: {error}"))?;
+        let mut file_format = format;
+        let mut number = 0;
+        let mut line = |line: &[u8]| {
+            number += 1;
+            let line = line.trim_ascii();
+            if line.is_empty() {
+                return;
             }
-            match parse_json_line(&line) {
+            if file_format == Format::Auto {
+                file_format = if line.starts_with(b"{") {
+                    Format::Json
+                } else {
+                    Format::Combined
+                };
+            }
+            match parser.parse(file_format, line) {
                 Ok(Some(request)) => each(number, Ok(request)),
                 Ok(None) => {}
                 Err(why) => each(number, Err(why)),
             }
+        };
+        loop {
+            let buffer = match reader.fill_buf() {
+                Ok(buffer) => buffer,
+                Err(error) => {
+                    each(number + 1, Err(format!("{path}: {error}")));
+                    break;
+                }
+            };
+            if buffer.is_empty() {
+                if !split_line.is_empty() {
+                    line(&split_line);
+                    split_line.clear();
+                }
+                break;
+            }
+            let mut start = 0;
+            for end in memchr::memchr_iter(b'\n', buffer) {
+                if split_line.is_empty() {
+                    line(&buffer[start..end]);
+                } else {
+                    split_line.extend_from_slice(&buffer[start..end]);
+                    line(&split_line);
+                    split_line.clear();
+                }
+                start = end + 1;
+            }
+            split_line.extend_from_slice(&buffer[start..]);
+            let read = buffer.len();
+            reader.consume(read);
         }
     }
     Ok(())
-}
-
-#[derive(serde::Deserialize)]
-struct JsonLine<'a> {
-    timestamp: Option<&'a str>,
-    target: Option<&'a str>,
-    method: Option<&'a str>,
-    path: Option<String>,
-    client: Option<&'a str>,
-    outcome: Option<&'a str>,
-    keys: Option<&'a str>,
-}
-
-/// One line of tollgate's JSON log: `Ok(None)` for a line that is not an access line.
-pub(super) fn parse_json_line(line: &[u8]) -> Result<Option<LogLine>, String> {
-    let json: JsonLine<'_> =
-        serde_json::from_slice(line).map_err(|error| format!("not a JSON log line: {error}"))?;
-    if json.target != Some("tollgate::access") {
-        return Ok(None);
-    }
-    let time = json
-        .timestamp
-        .ok_or("no timestamp")?
-        .parse::<jiff::Timestamp>()
-        .map_err(|error| format!("bad timestamp: {error}"))?;
-    let time = time.as_second() as f64 + f64::from(time.subsec_nanosecond()) / 1e9;
-    let keys = json
-        .keys
-        .unwrap_or_default()
-        .split(',')
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(limit, key)| (limit.to_owned(), key.to_owned()))
-        .collect();
-    Ok(Some(LogLine {
-        time,
-        method: json.method.ok_or("no method")?.to_owned(),
-        path: json.path.ok_or("no path")?,
-        client: json.client.and_then(|client| client.parse().ok()),
-        keys,
-        decided: matches!(
-            json.outcome,
-            Some(
-                "allowed" | "limited" | "shadow_limited" | "degraded_allowed" | "store_unavailable"
-            )
-        ),
-    }))
 }

@@ -5,17 +5,28 @@ use std::collections::HashMap;
 
 use serde_json::json;
 
-use super::Replay;
+use super::{Hasher, Replay, Timeline};
+use crate::limit::Charge;
 
-/// One key's requests under one limit.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct KeyTally {
-    refusals: u64,
+/// One key's use of its limit's bucket, over every route that charges it.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct KeyUsage {
     /// The most tokens the key's requests ever took beyond the refill (the smallest capacity
     /// that never refuses it), and that running figure at `last`.
     needed: f64,
     running: f64,
     last: f64,
+}
+
+impl KeyUsage {
+    /// A request at `time` (seconds) with its charge (a quota refills nothing: it gets no
+    /// suggestion).
+    pub(crate) fn record(&mut self, time: f64, charge: &Charge) {
+        let refilled = (time - self.last).max(0.0) * charge.rate;
+        self.running = charge.cost.max(self.running - refilled + charge.cost);
+        self.needed = self.needed.max(self.running);
+        self.last = time;
+    }
 }
 
 /// One limit of one route.
@@ -24,26 +35,20 @@ pub(crate) struct Tally {
     pub(crate) requests: u64,
     pub(crate) not_replayable: u64,
     refusals: u64,
-    keys: HashMap<String, KeyTally>,
+    /// Refusals by the key's number in its limit's key table (only keys refused: most never
+    /// are, and the common line costs no lookup).
+    refused_keys: HashMap<u32, u64, Hasher>,
+    timeline: Timeline,
 }
 
 impl Tally {
-    /// A decided request of `key` at `time` (seconds) costing `cost`, refused or not, for a
-    /// limit refilling `rate` tokens a second (0: a quota, no suggestion).
-    pub(crate) fn record(&mut self, key: &str, time: f64, cost: f64, refused: bool, rate: f64) {
-        let tally = match self.keys.get_mut(key) {
-            Some(tally) => tally,
-            None => self.keys.entry(key.to_owned()).or_default(),
-        };
-        // The most any window of the key's requests took beyond what refilled in it.
-        let refilled = (time - tally.last).max(0.0) * rate;
-        tally.running = cost.max(tally.running - refilled + cost);
-        tally.needed = tally.needed.max(tally.running);
-        tally.last = time;
+    /// A decided request of `key` at `time` (seconds), refused or not.
+    pub(crate) fn record(&mut self, key: u32, time: f64, refused: bool) {
         if refused {
-            tally.refusals += 1;
+            *self.refused_keys.entry(key).or_default() += 1;
             self.refusals += 1;
         }
+        self.timeline.record(time, refused);
     }
 }
 
@@ -62,6 +67,26 @@ pub struct LimitReport {
     /// key; `None` for a quota.
     pub capacity_for_99_percent: Option<f64>,
     pub capacity_for_all: Option<f64>,
+    /// The limit as configured (a quota's `quota`), its rate in tokens a second (0 for a
+    /// quota), and both as a person reads them (`20 tokens, 1/min`).
+    pub capacity: f64,
+    pub rate: f64,
+    pub configured: String,
+    /// Admitted and refused requests over time.
+    pub timeline: Timeline,
+    /// Every key's peak usage (the capacity it needed), highest first.
+    pub peak_usage: Vec<f64>,
+}
+
+impl LimitReport {
+    /// Refusals per request (0 without requests).
+    pub fn refused_share(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.refusals as f64 / self.requests as f64
+        }
+    }
 }
 
 /// Everything a replay found.
@@ -78,18 +103,20 @@ pub struct Report {
 
 pub(super) fn report(replay: &Replay<'_>) -> Report {
     let mut limits = Vec::new();
-    for (route, tallies) in replay.policy.routes.iter().zip(&replay.tallies) {
-        for (entry, tally) in route.limits.iter().zip(tallies) {
+    let routes = replay.policy.routes.iter().zip(&replay.tallies);
+    for ((route, tallies), limit_indexes) in routes.zip(&replay.limit_indexes) {
+        for ((entry, tally), limit_index) in route.limits.iter().zip(tallies).zip(limit_indexes) {
+            let keys = &replay.keys[*limit_index];
             let mut top: Vec<(String, u64)> = tally
-                .keys
+                .refused_keys
                 .iter()
-                .filter(|(_, key)| key.refusals > 0)
-                .map(|(name, key)| (name.clone(), key.refusals))
+                .map(|(number, refusals)| (keys.names[*number as usize].to_string(), *refusals))
                 .collect();
             top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             let keys_refused = top.len() as u64;
             top.truncate(10);
-            let mut needed: Vec<f64> = tally.keys.values().map(|key| key.needed).collect();
+            // The bucket is the limit's, whatever route charged it: so is the suggestion.
+            let mut needed: Vec<f64> = keys.usage.iter().map(|usage| usage.needed).collect();
             needed.sort_by(f64::total_cmp);
             let quantile = |share: f64| {
                 (!needed.is_empty() && entry.limit.calendar.is_none()).then(|| {
@@ -108,6 +135,26 @@ pub(super) fn report(replay: &Replay<'_>) -> Report {
                 top_keys: top,
                 capacity_for_99_percent: quantile(0.99),
                 capacity_for_all: quantile(1.0),
+                capacity: entry.limit.capacity,
+                rate: if entry.limit.calendar.is_some() {
+                    0.0
+                } else {
+                    entry.limit.rate.per_second()
+                },
+                configured: match &entry.limit.calendar {
+                    Some(calendar) => format!(
+                        "quota {} per {} ({})",
+                        entry.limit.capacity,
+                        format!("{:?}", calendar.period).to_lowercase(),
+                        calendar.zone_name
+                    ),
+                    None => format!(
+                        "capacity {}, rate {}",
+                        entry.limit.capacity, entry.limit.rate
+                    ),
+                },
+                timeline: tally.timeline.clone(),
+                peak_usage: needed.iter().rev().copied().collect(),
             });
         }
     }
@@ -134,7 +181,7 @@ impl Report {
                 "limit": limit.limit,
                 "requests": limit.requests,
                 "refusals": limit.refusals,
-                "refused_share": share(limit.refusals, limit.requests),
+                "refused_share": limit.refused_share(),
                 "not_replayable": limit.not_replayable,
                 "keys_refused": limit.keys_refused,
                 "top_keys": limit.top_keys.iter().map(|(key, refusals)| json!({"key": key, "refusals": refusals})).collect::<Vec<_>>(),
@@ -171,7 +218,7 @@ impl Report {
                 limit.limit,
                 limit.requests,
                 limit.refusals,
-                share(limit.refusals, limit.requests) * 100.0,
+                limit.refused_share() * 100.0,
                 limit.keys_refused,
                 capacity(limit.capacity_for_99_percent),
                 capacity(limit.capacity_for_all),
@@ -188,13 +235,5 @@ impl Report {
             }
         }
         out
-    }
-}
-
-fn share(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 / whole as f64
     }
 }

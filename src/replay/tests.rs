@@ -8,15 +8,18 @@ fn policy() -> Policy {
     .unwrap()
 }
 
-fn line(time: f64, user: Option<&str>, client: &str) -> LogLine {
+fn line(time: f64, user: Option<&str>, client: &str) -> LogLine<'static> {
     LogLine {
         time,
-        method: "GET".to_owned(),
-        path: "/api/x".to_owned(),
+        method: "GET",
+        path: "/api/x".into(),
         client: client.parse().ok(),
-        keys: user
-            .map(|user| [("per_user".to_owned(), format!("h:{user}"))].into())
-            .unwrap_or_default(),
+        forwarded_for: None,
+        keys: Some(
+            user.map(|user| format!("per_user=h:{user}"))
+                .unwrap_or_default()
+                .into(),
+        ),
         decided: true,
     }
 }
@@ -70,12 +73,159 @@ fn a_replay_decides_with_the_logs_clock_and_suggests_capacities() {
 
 #[test]
 fn json_lines_are_read_and_other_log_events_passed_over() {
-    let access = br#"{"timestamp":"2026-12-02T12:00:00.250000Z","level":"INFO","target":"tollgate::access","client":"192.0.2.1","method":"POST","path":"/login","route":"login","status":429,"outcome":"limited","keys":"per_account=h:ab12,per_network=v4:192.0.2.1/32"}"#;
-    let parsed = read::parse_json_line(access).unwrap().unwrap();
+    let mut parser = LineParser::default();
+    let access = br#"{"timestamp":"2026-12-02T12:00:00.250000Z","level":"INFO","target":"tollgate::access","client":"192.0.2.1","method":"POST","path":"/lo\u0067in","route":"login","status":429,"outcome":"limited","keys":"per_account=h:ab12,per_network=v4:192.0.2.1/32"}"#;
+    let parsed = parser.parse(Format::Json, access).unwrap().unwrap();
     assert_eq!(parsed.time, 1_796_212_800.25);
-    assert_eq!(parsed.keys["per_network"], "v4:192.0.2.1/32");
+    assert_eq!(parsed.path, "/login", "JSON escapes are read");
+    // Asked in the logged order, or out of it.
+    let mut keys = parsed.logged_keys();
+    assert_eq!(keys.key("per_account"), Some("h:ab12"));
+    assert_eq!(keys.key("per_network"), Some("v4:192.0.2.1/32"));
+    let mut keys = parsed.logged_keys();
+    assert_eq!(keys.key("per_network"), Some("v4:192.0.2.1/32"));
+    assert_eq!(keys.key("per"), None);
+    assert_eq!(keys.key("per_account"), Some("h:ab12"));
     assert!(parsed.decided);
     let other = br#"{"timestamp":"2026-12-02T12:00:00Z","level":"INFO","target":"tollgate","message":"listening"}"#;
-    assert_eq!(read::parse_json_line(other).unwrap(), None);
-    assert!(read::parse_json_line(b"127.0.0.1 - - [02/Dec/2026]").is_err());
+    assert_eq!(parser.parse(Format::Json, other).unwrap(), None);
+    assert!(parser
+        .parse(Format::Json, b"127.0.0.1 - - [02/Dec/2026]")
+        .is_err());
+}
+
+proptest::proptest! {
+    /// The fast scan of an access line reads what serde_json reads, and gives way to it on
+    /// any line it does not read in full.
+    #[test]
+    fn the_fast_scan_of_an_access_line_agrees_with_serde_json(
+        path in "[ -~]{0,16}",
+        method in proptest::prop_oneof![
+            proptest::strategy::Just("\"GET\"".to_owned()),
+            proptest::strategy::Just("12".to_owned()),
+        ],
+        twice in proptest::bool::ANY,
+        extra in proptest::prop_oneof![
+            proptest::strategy::Just(String::new()),
+            proptest::strategy::Just(",\"span\":{\"a\":1}".to_owned()),
+            proptest::strategy::Just(",\"n\":-1.5e3,\"ok\":true".to_owned()),
+        ],
+    ) {
+        let path = serde_json::to_string(&path).unwrap();
+        let repeated = if twice { format!(",\"path\":{path}") } else { String::new() };
+        let line = format!(
+            r#"{{"timestamp":"2026-12-02T12:00:00Z","client":"192.0.2.1","method":{method},"path":{path}{repeated},"outcome":"allowed","keys":"a=b"{extra},"target":"tollgate::access"}}"#
+        );
+        let by_serde = read::AccessFields::deserialize(&line);
+        match read::AccessFields::scan(&line) {
+            Some(scanned) => proptest::prop_assert_eq!(Ok(scanned), by_serde, "{}", line),
+            None => proptest::prop_assert!(
+                by_serde.is_err() || line.contains('\\') || extra.contains('{'),
+                "the scan gave up on a plain line: {}", line
+            ),
+        }
+    }
+}
+
+#[test]
+fn combined_lines_are_read_with_their_forwarded_for() {
+    let mut parser = LineParser::default();
+    let nginx = br#"203.0.113.9 - alice [02/Dec/2026:13:00:00 +0100] "POST /login?next=/x HTTP/1.1" 429 0 "-" "curl/8.0" "198.51.100.7, 10.0.0.1""#;
+    let parsed = parser.parse(Format::Combined, nginx).unwrap().unwrap();
+    assert_eq!(parsed.time, 1_796_212_800.0);
+    assert_eq!((parsed.method, &*parsed.path), ("POST", "/login"));
+    assert_eq!(parsed.client, Some("203.0.113.9".parse().unwrap()));
+    assert_eq!(parsed.forwarded_for, Some("198.51.100.7, 10.0.0.1"));
+    assert_eq!((parsed.keys, parsed.decided), (None, true));
+    // Apache escapes quotes in a field; an absolute-form target has its path taken.
+    let apache = br#"::1 - - [02/Dec/2026:12:00:00 +0000] "GET http://example.com/api/x HTTP/1.1" 200 5 "-" "say \"hi\""#;
+    let parsed = parser.parse(Format::Combined, apache).unwrap().unwrap();
+    assert_eq!((&*parsed.path, parsed.forwarded_for), ("/api/x", None));
+    // A request line the server could not read reached no limit.
+    let garbage = br#"192.0.2.1 - - [02/Dec/2026:12:00:00 +0000] "\x16\x03\x01" 400 150 "-" "-""#;
+    assert!(
+        !parser
+            .parse(Format::Combined, garbage)
+            .unwrap()
+            .unwrap()
+            .decided
+    );
+    for bad in [
+        &b"not a log line"[..],
+        b"192.0.2.1 - - 02/Dec/2026 \"GET / HTTP/1.1\" 200",
+        b"192.0.2.1 - - [yesterday] \"GET / HTTP/1.1\" 200 1 \"-\" \"-\"",
+        b"192.0.2.1 - - [02/Dec/2026:12:00:00 +0000] \"GET / HTTP/1.1\"",
+    ] {
+        assert!(parser.parse(Format::Combined, bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn a_combined_log_replays_client_limits_and_reports_the_rest_not_replayable() {
+    let policy = Policy::parse(
+        "replay.toml",
+        "[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n[client_ip]\ntrusted_hops = 1\n[limits.per_user]\nkey = { header = \"x-user\" }\ncapacity = 3\nrate = \"1/min\"\n[limits.per_network]\nkey = \"client_network\"\ncapacity = 2\nrate = \"1/min\"\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"app\"\nlimits = [\"per_user\", \"per_network\"]\n",
+    )
+    .unwrap();
+    let mut replay = Replay::new(&policy);
+    let mut parser = LineParser::default();
+    // Three clients behind one proxy (10.0.0.1), told apart by the hop it appended; the
+    // third request of 198.51.100.7 is refused.
+    for (second, client) in [
+        "198.51.100.7",
+        "198.51.100.7",
+        "198.51.100.8",
+        "198.51.100.7",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let text = format!(
+            r#"10.0.0.1 - - [02/Dec/2026:12:00:0{second} +0000] "GET /api/x HTTP/1.1" 200 1 "-" "-" "{client}""#
+        );
+        replay.decide(
+            &parser
+                .parse(Format::Combined, text.as_bytes())
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let report = replay.report();
+    let [per_user, per_network] = &report.limits[..] else {
+        panic!("{report:?}")
+    };
+    assert_eq!(
+        (
+            per_user.requests,
+            per_user.not_replayable,
+            per_user.refusals
+        ),
+        (4, 4, 0)
+    );
+    assert_eq!((per_network.requests, per_network.refusals), (4, 1));
+    assert_eq!(per_network.top_keys, [("v4:198.51.100.7/32".to_owned(), 1)]);
+}
+
+#[test]
+fn a_report_page_holds_a_chart_per_limit_and_escapes_names() {
+    let policy = policy();
+    let mut replay = Replay::new(&policy);
+    for second in 0..5 {
+        replay.decide(&line(
+            1000.0 + f64::from(second),
+            Some("<alice>"),
+            "192.0.2.1",
+        ));
+    }
+    let page = replay.report().to_html("policy <&>.toml");
+    assert!(page.contains("policy &lt;&amp;&gt;.toml"));
+    assert!(page.contains("h:&lt;alice&gt;"));
+    assert!(!page.contains("<alice>"));
+    // Two limits: a timeline each, and each has a key's peak usage to show.
+    assert_eq!(page.matches("<svg").count(), 4);
+    assert!(!page.contains("<script"), "readable without scripts");
+    assert!(
+        !page.contains("http://") || !page.contains("src="),
+        "loads nothing"
+    );
 }

@@ -1,0 +1,283 @@
+//! `tollgate replay` on generated logs whose answers the tests work out themselves: a combined
+//! log read from standard input, and the HTML report opened in a real browser.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Runs tollgate with `input` on standard input: exit code, stdout, stderr.
+fn replay(args: &[&str], input: &[u8]) -> (Option<i32>, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("replay")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tollgate");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Two limits on one route: one keyed by the client's network, which a combined log can
+/// replay, and one keyed by a header, which it cannot. Behind one proxy hop.
+const POLICY: &str = r#"
+[upstreams.app]
+url = "http://127.0.0.1:3000"
+
+[client_ip]
+trusted_hops = 1
+
+[limits.per_client]
+key = "client_network"
+ipv4_prefix = 32
+capacity = 3
+rate = "1/h"
+
+[limits.per_user]
+key = { header = "x-user" }
+capacity = 1
+rate = "1/h"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "app"
+limits = ["per_client", "per_user"]
+"#;
+
+#[test]
+fn a_combined_log_on_standard_input_replays_what_it_can_and_says_what_it_cannot() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, POLICY).unwrap();
+    // Client n sends n + 1 requests within one minute, all through the proxy 10.0.0.1: at
+    // capacity 3 and 1 token an hour, each request past the third is refused.
+    let mut log = String::new();
+    let mut expected_refusals = 0;
+    let mut requests = 0;
+    for client in 0..8u32 {
+        for request in 0..=client {
+            log.push_str(&format!(
+                "10.0.0.1 - - [01/Dec/2026:10:00:{:02} +0000] \"GET /api/items/{request}?page=2 HTTP/1.1\" 200 512 \"-\" \"test\" \"198.51.100.{client}\"\n",
+                client * 7 + request
+            ));
+            requests += 1;
+            expected_refusals += u64::from(request >= 3);
+        }
+    }
+    // A request to no route, one the server could not read, and a line of another format.
+    log.push_str("10.0.0.1 - - [01/Dec/2026:10:01:00 +0000] \"GET /other HTTP/1.1\" 404 0 \"-\" \"test\" \"198.51.100.1\"\n");
+    log.push_str("10.0.0.1 - - [01/Dec/2026:10:01:00 +0000] \"-\" 400 0 \"-\" \"-\"\n");
+    log.push_str("this is not a log line\n");
+
+    let (code, stdout, stderr) = replay(
+        &[
+            "--config",
+            policy.to_str().unwrap(),
+            "--format",
+            "combined",
+            "--json",
+            "-",
+        ],
+        log.as_bytes(),
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["lines"], requests + 2);
+    assert_eq!(
+        (report["unrouted"].as_u64(), report["undecided"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(report["bad_lines"], 1);
+    assert_eq!(report["first_bad_lines"][0]["line"], requests + 3);
+    let limit = |name: &str| {
+        report["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|limit| limit["limit"] == name)
+            .unwrap()
+            .clone()
+    };
+    let per_client = limit("per_client");
+    assert_eq!(per_client["requests"], requests);
+    assert_eq!(per_client["refusals"].as_u64(), Some(expected_refusals));
+    assert_eq!(per_client["keys_refused"], 5, "clients 3 to 7");
+    assert_eq!(per_client["top_keys"][0]["key"], "v4:198.51.100.7/32");
+    assert_eq!(per_client["top_keys"][0]["refusals"], 5);
+    assert_eq!(per_client["capacity_for_every_key"], 8.0);
+    assert_eq!(per_client["not_replayable"], 0);
+    // The header-keyed limit is not replayable from a combined log: not counted as admitted.
+    let per_user = limit("per_user");
+    assert_eq!(
+        (
+            per_user["not_replayable"].clone(),
+            per_user["refusals"].clone()
+        ),
+        (requests.into(), 0.into())
+    );
+
+    // Read as tollgate's JSON log instead, every line is bad, and the run says so.
+    let (code, stdout, _) = replay(
+        &[
+            "--config",
+            policy.to_str().unwrap(),
+            "--format",
+            "json",
+            "-",
+        ],
+        log.as_bytes(),
+    );
+    assert_eq!(code, Some(1));
+    assert!(stdout.contains("line 1: not a JSON log line"), "{stdout}");
+}
+
+/// A JSON access line as the gateway writes it.
+fn access_line(seconds: u32, user: u32) -> String {
+    format!(
+        r#"{{"timestamp":"2026-12-01T10:{:02}:{:02}.000000Z","level":"INFO","client":"192.0.2.{user}","method":"GET","path":"/api/x","route":"api","status":200,"outcome":"allowed","keys":"per_client=v4:192.0.2.{user}/32,per_user=h:{user:032x}","target":"tollgate::access"}}"#,
+        seconds / 60,
+        seconds % 60
+    )
+}
+
+#[test]
+fn the_html_report_renders_its_charts_in_a_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    let smoother = POLICY
+        .replace(
+            "capacity = 3\nrate = \"1/h\"",
+            "capacity = 5\nrate = \"2/min\"",
+        )
+        .replace(
+            "capacity = 1\nrate = \"1/h\"",
+            "capacity = 5\nrate = \"2/min\"",
+        );
+    std::fs::write(&policy, smoother).unwrap();
+    // Ten users, a request a minute each for half an hour (never refused); user 1 sends one
+    // every two seconds throughout, and 3 in 4 of them are refused.
+    let mut log = String::new();
+    let mut lines = Vec::new();
+    for second in (0..1800).step_by(60) {
+        for user in 2..12 {
+            lines.push((second + user, user));
+        }
+    }
+    for second in (0..1800).step_by(2) {
+        lines.push((second, 1));
+    }
+    lines.sort();
+    for (second, user) in lines {
+        log.push_str(&access_line(second, user));
+        log.push('\n');
+    }
+    let log_file = dir.path().join("access.log");
+    std::fs::write(&log_file, &log).unwrap();
+    let page = dir.path().join("report.html");
+    let (code, _, stderr) = replay(
+        &[
+            "--config",
+            policy.to_str().unwrap(),
+            "--report",
+            page.to_str().unwrap(),
+            log_file.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(!html.contains("<script"), "the page needs no scripts");
+    assert!(
+        !html.contains("src=") && !html.contains("href="),
+        "the page loads nothing"
+    );
+
+    let screenshot = dir.path().join("report.png");
+    let (pixels, console) = screenshot_of(&page, &screenshot);
+    if let Ok(keep) = std::env::var("TOLLGATE_KEEP_SCREENSHOT") {
+        std::fs::copy(&screenshot, keep).unwrap();
+    }
+    assert!(
+        !console.contains("CONSOLE") && !console.contains("Failed to load"),
+        "the browser reported errors:\n{console}"
+    );
+    // Pixels near each bar colour (edges are blended): admitted #4a7ebb, refused #d9534f.
+    let near = |colour: [u8; 3]| {
+        pixels
+            .iter()
+            .filter(|pixel| {
+                pixel
+                    .iter()
+                    .zip(colour)
+                    .all(|(have, want)| have.abs_diff(want) < 24)
+            })
+            .count()
+    };
+    let (admitted, refused) = (near([0x4a, 0x7e, 0xbb]), near([0xd9, 0x53, 0x4f]));
+    // Each legend swatch is about 13 × 13 pixels, two per colour: the bars must be far more.
+    eprintln!("admitted bars: {admitted} pixels, refused bars: {refused} pixels");
+    assert!(
+        admitted > 5_000 && admitted < pixels.len() / 2,
+        "admitted bars: {admitted} pixels"
+    );
+    assert!(refused > 10_000, "refused bars: {refused} pixels");
+    let white = near([0xff, 0xff, 0xff]);
+    assert!(white < pixels.len() * 99 / 100, "the page is blank");
+}
+
+/// Opens `page` in headless Chromium and returns the screenshot's RGB pixels and what the
+/// browser logged.
+fn screenshot_of(page: &Path, screenshot: &Path) -> (Vec<[u8; 3]>, String) {
+    let browser = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|name| {
+            Command::new(name)
+                .arg("--version")
+                .output()
+                .is_ok_and(|output| output.status.success())
+        })
+        .expect("no Chromium: scripts/test.sh installs it (apt-get install chromium)");
+    let profile = tempfile::tempdir().unwrap();
+    let output = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1000,2200",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--screenshot={}", screenshot.display()))
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .expect("run chromium");
+    let log = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "chromium failed:\n{log}");
+    let decoder = png::Decoder::new(std::fs::File::open(screenshot).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buffer = vec![0; reader.output_buffer_size()];
+    let frame = reader.next_frame(&mut buffer).unwrap();
+    let channels = frame.color_type.samples();
+    assert_eq!(frame.bit_depth, png::BitDepth::Eight);
+    let pixels = buffer[..frame.buffer_size()]
+        .chunks(channels)
+        .map(|pixel| [pixel[0], pixel[1], pixel[2]])
+        .collect();
+    // Console messages are logged with "CONSOLE"; nothing else of the log is the page's.
+    let console = log
+        .lines()
+        .filter(|line| line.contains("CONSOLE") || line.contains("Failed to load"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    (pixels, console)
+}

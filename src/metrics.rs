@@ -283,9 +283,6 @@ impl Metrics {
         for warning in TrustWarning::ALL {
             client_ip_warnings.with_label_values(&[warning.as_str()]);
         }
-        for reason in Rejection::ALL {
-            jwt_rejected.with_label_values(&[reason.as_str()]);
-        }
         Metrics {
             registry,
             unrouted_bad_requests: requests.int_counter(&[NO_ROUTE, Outcome::BadRequest.as_str()]),
@@ -380,9 +377,15 @@ impl Metrics {
         }
     }
 
-    /// The handles of a route's own series.
+    /// The handles of a route's own series. A route that reads a token also brings the token
+    /// rejections' series (at zero) into the export; without one they cannot occur.
     pub fn for_route(&self, route: &Route) -> RouteMetrics {
         let name = &*route.name;
+        if route.reads_token {
+            for reason in Rejection::ALL {
+                self.jwt_rejected.with_label_values(&[reason.as_str()]);
+            }
+        }
         RouteMetrics {
             outcomes: Outcome::ALL.map(|outcome| {
                 if outcome.can_occur_on(route) {

@@ -190,13 +190,17 @@ async fn no_route_is_404() {
     let reply = client.get("/elsewhere", &[]).await;
     assert_eq!(reply.status, 404);
     assert_eq!(reply.json()["error"], "not_found");
+    let scrape = gateway.render_metrics();
     assert_metrics(
-        &gateway.render_metrics(),
+        &scrape,
         &[(
             r#"tollgate_requests_total{outcome="no_route",route="none"}"#,
             1.0,
         )],
     );
+    // Series of what cannot occur are not exported: no route reads a token here.
+    assert!(!scrape.contains("tollgate_jwt_rejected_total"), "{scrape}");
+    assert!(!scrape.contains(r#"outcome="no_route",route="default""#));
 }
 
 #[tokio::test]

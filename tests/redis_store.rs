@@ -863,6 +863,24 @@ async fn rediss_verifies_the_server_against_the_configured_roots() {
         429,
         "the shared bucket lives behind TLS"
     );
+    // A reset reaches every replica over the same TLS: the second replica, which learned
+    // from Redis that the bucket is empty and remembers it, lets go of it.
+    let second = start_gateway(&trusted, upstream.address).await;
+    let two = HttpClient::new(second.addresses[0]);
+    assert_eq!(two.get("/global", &[]).await.status, 429);
+    let reset = HttpClient::new(gateway.admin_address)
+        .send("DELETE", "/limits/everyone", &[], Default::default())
+        .await;
+    assert_eq!(reset.status, 204);
+    let mut admitted = false;
+    for _ in 0..250 {
+        if two.get("/global", &[]).await.status == 200 {
+            admitted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(admitted, "the second replica did not hear of the reset");
 
     // Without the CA the self-signed server is not trusted: a store failure (fail-closed here).
     let untrusted = start_gateway(&policy(&url, 2, "1/h"), upstream.address).await;

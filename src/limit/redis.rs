@@ -86,6 +86,8 @@ pub struct RedisStore {
     late: LateCalls,
     /// The node (or the Cluster's seed nodes) to hear resets from.
     node_urls: Vec<String>,
+    /// The CA certificates `[store] ca_file` names, for every connection this store opens.
+    ca_roots: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -101,6 +103,21 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+fn tls_certificates(root_cert: Option<Vec<u8>>) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert,
+    }
+}
+
+/// A client of `url`, trusting `roots` (PEM) besides the system's when given.
+fn node_client(url: String, roots: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
+    match roots {
+        Some(roots) => redis::Client::build_with_tls(url, tls_certificates(Some(roots.to_vec()))),
+        None => redis::Client::open(url),
+    }
+}
+
 impl RedisStore {
     /// Prepares the connection without connecting: the gateway serves while Redis is down.
     pub fn new(settings: &RedisSettings, clock: Clock) -> Result<RedisStore, StoreError> {
@@ -110,10 +127,6 @@ impl RedisStore {
             })?),
             None => None,
         };
-        let certificates = |root_cert| redis::TlsCertificates {
-            client_tls: None,
-            root_cert,
-        };
         let connection = if settings.cluster {
             let mut builder = ClusterClient::builder(settings.nodes.clone())
                 .connection_timeout(settings.connect_timeout)
@@ -122,7 +135,7 @@ impl RedisStore {
                 .response_timeout(settings.timeout.max(LATE_REPLIES))
                 .retries(1);
             if roots.is_some() {
-                builder = builder.certs(certificates(roots.clone()));
+                builder = builder.certs(tls_certificates(roots.clone()));
             }
             let client = builder
                 .build()
@@ -134,11 +147,8 @@ impl RedisStore {
             }))
         } else {
             let url = settings.nodes.first().cloned().unwrap_or_default();
-            let client = match roots {
-                Some(roots) => redis::Client::build_with_tls(url, certificates(Some(roots))),
-                None => redis::Client::open(url),
-            }
-            .map_err(|error| StoreError::Setup(error.to_string()))?;
+            let client = node_client(url, roots.as_deref())
+                .map_err(|error| StoreError::Setup(error.to_string()))?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(settings.connect_timeout))
                 // The store's timeout is kept by the callers (the batches' deadlines): a reply
@@ -169,7 +179,15 @@ impl RedisStore {
                     .expect("valid counter"),
             ),
             node_urls: settings.nodes.clone(),
+            ca_roots: roots,
         })
+    }
+
+    /// A client of one of the store's nodes (by `index`, round the list), with the store's
+    /// TLS roots: for the connections beside the store's own (the reset subscription).
+    pub(crate) fn node_client(&self, index: usize) -> Option<redis::Client> {
+        let url = self.node_urls.get(index % self.node_urls.len().max(1))?;
+        node_client(url.clone(), self.ca_roots.as_deref()).ok()
     }
 
     /// Records the requests each batch's call decides in `histogram`, and calls that ran

@@ -98,14 +98,9 @@ impl RedisStore {
         let mut attempt = 0usize;
         loop {
             let Some(client) = store.upgrade().and_then(|shared| match &shared.store {
-                crate::limit::Store::Redis(redis) => {
-                    let url = redis
-                        .node_urls
-                        .get(attempt % redis.node_urls.len().max(1))?;
-                    redis::Client::open(url.as_str())
-                        .ok()
-                        .map(|client| (client, redis.prefix.clone()))
-                }
+                crate::limit::Store::Redis(redis) => redis
+                    .node_client(attempt)
+                    .map(|client| (client, redis.prefix.clone())),
                 crate::limit::Store::Memory(_) => None,
             }) else {
                 return;

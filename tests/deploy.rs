@@ -92,7 +92,15 @@ use serde::Deserialize as _;
 /// feature.
 async fn live_metric_families() -> BTreeSet<String> {
     let upstream = start_upstream().await;
+    // A route that reads a token brings the token rejections' series.
+    std::env::set_var(
+        "TOLLGATE_TEST_DEPLOY_JWT_SECRET",
+        "deploy-test-secret-0123456789abcdef",
+    );
     let policy = r#"
+[auth.jwt]
+secret_env = "TOLLGATE_TEST_DEPLOY_JWT_SECRET"
+
 [overload]
 max_inflight = 100
 factor = 0.5
@@ -111,6 +119,17 @@ threshold = 3
 window = "60s"
 factor = 0.5
 hold = "60s"
+
+[limits.per_subject]
+key = { jwt_claim = "sub" }
+capacity = 5
+rate = "1/s"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "app"
+limits = ["per_subject"]
 
 [[routes]]
 name = "default"

@@ -164,7 +164,11 @@ impl Gateway {
         let header_mode = runtime.policy.server.ratelimit_headers;
         let response = result.unwrap_or_else(|reject| {
             exchange.cause = reject.cause();
-            respond::rejection(reject, header_mode, &reports, fields)
+            if scan.grpc {
+                respond::grpc_rejection(reject, header_mode, &reports, fields)
+            } else {
+                respond::rejection(reject, header_mode, &reports, fields)
+            }
         });
         let mut response = response;
         response.body_mut().in_flight().request = Some(in_flight);

@@ -14,6 +14,7 @@ pub mod config;
 pub mod demo;
 mod errors;
 pub mod gateway;
+pub mod grpc;
 mod hex;
 mod in_flight;
 pub mod jwt;

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use crate::config::HeaderMode;
 use crate::gateway::Reject;
 use crate::upstream::ForwardError;
-use crate::{Body, RequestId};
+use crate::{grpc, Body, RequestId};
 
 /// Header fields the gateway sets on a response, kept beside the response's header map until
 /// the head is written: the server's own HTTP/1.1 path writes them straight into the head (no
@@ -34,6 +34,12 @@ impl SetFields {
     /// Sets `name`, which is not set yet (each field is set by one step of the request path).
     pub fn set(&mut self, name: &'static HeaderName, value: FieldValue) {
         debug_assert!(!self.sets(name), "{name} set twice");
+        self.0.push((name, value));
+    }
+
+    /// Sets `name`, in place of what an earlier step set.
+    pub fn replace(&mut self, name: &'static HeaderName, value: FieldValue) {
+        self.0.retain(|(set, _)| *set != name);
         self.0.push((name, value));
     }
 
@@ -105,6 +111,52 @@ pub fn rejection(
         Reject::Upstream(ForwardError::Connect(_) | ForwardError::Exchange(_))
         | Reject::UpgradeFailed => bad_gateway(),
     }
+}
+
+/// Renders a rejection of a gRPC request as gRPC reads it: HTTP 200, no body, the status in
+/// `grpc-status` and `grpc-message` (a trailers-only response), and for a refusal by a limit
+/// its wait as `retry-after` and as a `RetryInfo` in `grpc-status-details-bin`. The HTTP
+/// answer's other fields (rate-limit headers, a challenge, `Connection: close`) stay.
+pub fn grpc_rejection(
+    reject: Reject,
+    mode: HeaderMode,
+    reports: &[LimitReport<'_>],
+    fields: &mut SetFields,
+) -> Response<Body> {
+    let message = reject.to_string();
+    let limited = matches!(reject, Reject::Limited);
+    let answer = rejection(reject, mode, reports, fields);
+    let code = grpc::Code::for_status(answer.status());
+    let mut response = Response::new(Body::empty());
+    let mut headers = answer.into_parts().0.headers;
+    headers.remove(CONTENT_TYPE);
+    headers.remove(http::header::CONTENT_LENGTH);
+    *response.headers_mut() = headers;
+    fields.replace(&CONTENT_TYPE_NAME, FieldValue::Static("application/grpc"));
+    fields.set(&GRPC_STATUS, FieldValue::Static(code.as_str()));
+    fields.set(
+        &GRPC_MESSAGE,
+        FieldValue::Text(grpc::message_field(&message)),
+    );
+    let wait = limited.then(|| refused_wait(reports));
+    fields.set(
+        &GRPC_STATUS_DETAILS,
+        FieldValue::Text(grpc::status_details(code, &message, wait)),
+    );
+    response
+}
+
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+static GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+
+/// The longest wait among the refusing limits (seconds).
+fn refused_wait(reports: &[LimitReport<'_>]) -> f64 {
+    reports
+        .iter()
+        .filter(|report| report.refused)
+        .map(|report| report.wait)
+        .fold(0.0, f64::max)
 }
 
 /// What a client is told about one applicable, enforcing limit after a decision.
@@ -264,12 +316,7 @@ pub fn too_many_requests(
     reports: &[LimitReport<'_>],
     fields: &mut SetFields,
 ) -> Response<Body> {
-    let wait = reports
-        .iter()
-        .filter(|report| report.refused)
-        .map(|report| report.wait)
-        .fold(0.0, f64::max);
-    let retry_after = retry_after_seconds(wait);
+    let retry_after = retry_after_seconds(refused_wait(reports));
     let (content_type, body) = match mode {
         HeaderMode::Legacy | HeaderMode::None => {
             ("application/json", legacy_refusal_body(retry_after))

@@ -19,6 +19,8 @@ pub(super) struct FieldScan {
     pub(super) transfer_encoding: bool,
     content_length: bool,
     pub(super) upgrade: bool,
+    /// `content-type` names gRPC: the gateway's own answers are given as gRPC status.
+    pub(super) grpc: bool,
 }
 
 impl FieldScan {
@@ -30,7 +32,10 @@ impl FieldScan {
             // Names are lower case; their lengths tell these apart from most others cheaply.
             match name.len() {
                 7 => scan.upgrade |= name == "upgrade",
-                12 => scan.request_id |= name == "x-request-id",
+                12 => {
+                    scan.request_id |= name == "x-request-id";
+                    scan.grpc |= name == "content-type" && crate::grpc::is_grpc(value.as_bytes());
+                }
                 14 => scan.content_length |= name == "content-length",
                 15 => scan.forwarded_for |= name == "x-forwarded-for",
                 17 => scan.transfer_encoding |= name == "transfer-encoding",

@@ -154,9 +154,18 @@ pub struct Upstream {
 /// One address of an upstream: where requests go, and the path they are put under.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamTarget {
+    /// `http://` (HTTP/1.1), `h2c://` (HTTP/2 without TLS, by prior knowledge) or `https://`
+    /// (HTTP/2 when the target's TLS picks `h2`, else HTTP/1.1).
     pub url: Uri,
     /// The URL's path without its trailing slash (`""` for the root).
     pub base_path: String,
+}
+
+impl UpstreamTarget {
+    /// `h2c://`: HTTP/2 from the first byte.
+    pub fn speaks_http2_only(&self) -> bool {
+        self.url.scheme_str() == Some("h2c")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

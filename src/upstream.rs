@@ -119,7 +119,8 @@ impl UpstreamPool {
             .any(|target| target.url.scheme_str() == Some("https"));
         let tls = if https {
             let mut config = tls::client_config(settings.ca_file.as_deref())?;
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            // HTTP/2 when the target picks it (gRPC needs it), HTTP/1.1 otherwise.
+            config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
             Some(Arc::new(config))
         } else {
             None
@@ -179,7 +180,8 @@ impl UpstreamPool {
         let mut outgoing = match body {
             OutgoingBody::Buffered(bytes)
                 if bytes.len() <= OWN_CLIENT_MAX_BODY
-                    && !request.headers.contains_key(header::UPGRADE) =>
+                    && !request.headers.contains_key(header::UPGRADE)
+                    && self.pools.iter().all(ConnectionPool::speaks_http1) =>
             {
                 Outgoing::Own {
                     has_host: forwarding.sets_host() || request.headers.contains_key(header::HOST),

@@ -352,6 +352,16 @@ fn warnings(policy: &Policy) -> Vec<String> {
         if get_only && route.reads_body {
             warnings.push(format!("route {:?} only matches GET/HEAD but a limit reads the request body, which such requests rarely have", route.name));
         }
+        let http1_upstream = route
+            .upstream
+            .targets
+            .iter()
+            .any(|target| target.url.scheme_str() == Some("http"));
+        if let PathMatch::Prefix(prefix) = &route.path {
+            if looks_like_grpc_service(prefix) && http1_upstream {
+                warnings.push(format!("route {:?} looks like a gRPC service ({prefix}) but its upstream {:?} is http://, which speaks HTTP/1.1: gRPC needs h2c://host:port or an https:// upstream that speaks HTTP/2", route.name, route.upstream.name));
+            }
+        }
     }
     let mut dead = Vec::new();
     for (index, route) in policy.routes.iter().enumerate() {
@@ -394,6 +404,18 @@ fn warnings(policy: &Policy) -> Vec<String> {
         warnings.push("no catch-all route (path_prefix = \"/\"): requests that match no route get 404 from the gateway".to_owned());
     }
     warnings
+}
+
+/// Whether a path prefix names a gRPC service, `/package.Service/`: one segment, dotted, its
+/// last part capitalized as service names are.
+fn looks_like_grpc_service(prefix: &str) -> bool {
+    let name = prefix.trim_start_matches('/').trim_end_matches('/');
+    let service = name.rsplit('.').next().unwrap_or_default();
+    name.contains('.')
+        && name
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'.')
+        && service.starts_with(|first: char| first.is_ascii_uppercase())
 }
 
 /// Whether `earlier` matches every request `later` would, so that `later` is never reached.
@@ -526,6 +548,15 @@ mod testing {
             route("api", "path_prefix = \"/api\""),
         );
         assert!(!policy(&text).warnings.iter().any(dead));
+    }
+
+    #[test]
+    fn a_grpc_service_behind_an_http1_upstream_is_warned_of() {
+        let text = "[upstreams.app]\nurl = \"http://127.0.0.1:3000\"\n[upstreams.grpc]\nurl = \"h2c://127.0.0.1:50051\"\n[[routes]]\nname = \"users\"\npath_prefix = \"/acme.users.v1.Users/\"\nupstream = \"app\"\n[[routes]]\nname = \"orders\"\npath_prefix = \"/acme.Orders/\"\nupstream = \"grpc\"\n[[routes]]\nname = \"versioned\"\npath_prefix = \"/v1.2/\"\nupstream = \"app\"\n";
+        let warnings = policy(text).warnings;
+        let grpc: Vec<&String> = warnings.iter().filter(|w| w.contains("gRPC")).collect();
+        assert_eq!(grpc.len(), 1, "{warnings:?}");
+        assert!(grpc[0].contains("route \"users\"") && grpc[0].contains("h2c://"));
     }
 
     #[test]

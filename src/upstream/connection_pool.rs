@@ -1,16 +1,22 @@
-//! Keep-alive HTTP/1.1 connections to one upstream address: an idle connection that is ready
-//! is reused (the most recently used first, it is the warmest), otherwise a new one is opened
-//! (TCP, then TLS for `https://`). Requests with their body in memory use the gateway's own
-//! client (`http1.rs`); streamed uploads and protocol switches use hyper's, on connections of
-//! their own.
+//! Connections to one upstream address. HTTP/1.1 ones are kept alive: an idle connection that
+//! is ready is reused (the most recently used first, it is the warmest), otherwise a new one
+//! is opened (TCP, then TLS for `https://`). Requests with their body in memory use the
+//! gateway's own client (`http1.rs`); streamed uploads and protocol switches use hyper's, on
+//! connections of their own. A target that speaks HTTP/2 (`h2c://`, or `https://` whose TLS
+//! picks `h2`) gets one connection that every request shares, on hyper's client: gRPC and
+//! its trailers need it.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::header::{self, HeaderValue};
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self as hyper_http1, SendRequest};
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
 use rustls::pki_types::ServerName;
 use smallvec::SmallVec;
@@ -46,12 +52,25 @@ impl From<http1::Failure> for PoolError {
     }
 }
 
+/// What a target speaks, as far as the pool knows.
+const UNKNOWN: u8 = 0;
+const HTTP1: u8 = 1;
+const HTTP2: u8 = 2;
+
 pub(crate) struct ConnectionPool {
     host: String,
     port: u16,
     tls: Option<(TlsConnector, ServerName<'static>)>,
     connect_timeout: Duration,
+    /// `HTTP1` for `http://`, `HTTP2` for `h2c://`; for `https://`, what the first connection's
+    /// TLS picked (`UNKNOWN` until then).
+    speaks: AtomicU8,
+    /// The scheme and authority of HTTP/2 requests to this target.
+    scheme: Scheme,
+    authority: Authority,
     idle: Mutex<Vec<SendRequest<Body>>>,
+    /// The HTTP/2 connection every request shares (multiplexed), once opened.
+    http2: Mutex<Option<http2::SendRequest<Body>>>,
     idle_own: Arc<IdleConnections>,
 }
 
@@ -78,7 +97,12 @@ impl ConnectionPool {
             .trim_end_matches(']')
             .to_owned();
         let https = uri.scheme_str() == Some("https");
+        let h2c = uri.scheme_str() == Some("h2c");
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("{uri}: no host"))?;
         let tls = match (https, tls) {
             (true, Some(config)) => {
                 let name = ServerName::try_from(host.clone())
@@ -93,9 +117,23 @@ impl ConnectionPool {
             port,
             tls,
             connect_timeout,
+            speaks: AtomicU8::new(match (https, h2c) {
+                (true, _) => UNKNOWN,
+                (false, true) => HTTP2,
+                (false, false) => HTTP1,
+            }),
+            scheme: if https { Scheme::HTTPS } else { Scheme::HTTP },
+            authority,
             idle: Mutex::new(Vec::new()),
+            http2: Mutex::new(None),
             idle_own: Arc::new(IdleConnections::new(MAX_IDLE)),
         })
+    }
+
+    /// Whether the target is known to speak HTTP/1.1, so that the gateway's own client can
+    /// take a request to it.
+    pub(crate) fn speaks_http1(&self) -> bool {
+        self.speaks.load(Ordering::Relaxed) == HTTP1
     }
 
     /// Sends a request whose body is in memory and
@@ -122,6 +160,13 @@ impl ConnectionPool {
         let stream = tokio::time::timeout_at(deadline, self.connect())
             .await
             .map_err(|_| PoolError::Timeout)??;
+        if negotiated_http2(&stream) {
+            // The target moved to HTTP/2 since it last said: later requests take hyper's client.
+            self.speaks.store(HTTP2, Ordering::Relaxed);
+            return Err(PoolError::Exchange(
+                "the upstream now picks HTTP/2".to_owned(),
+            ));
+        }
         let connection = http1::Connection::new(stream);
         http1::exchange(connection, request, &self.idle_own, deadline)
             .await
@@ -135,6 +180,9 @@ impl ConnectionPool {
         &self,
         request: Request<Body>,
     ) -> Result<Response<Incoming>, PoolError> {
+        if self.speaks.load(Ordering::Relaxed) == HTTP2 {
+            return self.send_http2(request, None).await;
+        }
         let request = match self.checkout() {
             Some(mut sender) => match sender.try_send_request(request).await {
                 Ok(response) => {
@@ -148,15 +196,54 @@ impl ConnectionPool {
             },
             None => request,
         };
-        let mut sender = handshake(self.connect().await?)
-            .await
-            .map_err(PoolError::Connect)?;
+        let stream = self.connect().await?;
+        if negotiated_http2(&stream) || self.speaks.load(Ordering::Relaxed) == HTTP2 {
+            self.speaks.store(HTTP2, Ordering::Relaxed);
+            return self.send_http2(request, Some(stream)).await;
+        }
+        self.speaks.store(HTTP1, Ordering::Relaxed);
+        let mut sender = handshake(stream).await.map_err(PoolError::Connect)?;
         let response = sender
             .send_request(request)
             .await
             .map_err(|error| PoolError::Exchange(error.to_string()))?;
         self.checkin(sender);
         Ok(response)
+    }
+
+    /// Sends `request` on the shared HTTP/2 connection, opening it (on `stream`, when one was
+    /// just opened) if there is none or it closed.
+    async fn send_http2(
+        &self,
+        request: Request<Body>,
+        stream: Option<Stream>,
+    ) -> Result<Response<Incoming>, PoolError> {
+        let shared = self
+            .http2
+            .lock()
+            .as_ref()
+            .filter(|sender| !sender.is_closed())
+            .cloned();
+        let mut sender = match shared {
+            Some(sender) => sender,
+            None => {
+                let stream = match stream {
+                    Some(stream) => stream,
+                    None => self.connect().await?,
+                };
+                let sender = handshake_http2(stream).await.map_err(PoolError::Connect)?;
+                *self.http2.lock() = Some(sender.clone());
+                sender
+            }
+        };
+        sender
+            .ready()
+            .await
+            .map_err(|error| PoolError::Exchange(error.to_string()))?;
+        sender
+            .send_request(for_http2(request, &self.scheme, &self.authority))
+            .await
+            .map_err(|error| PoolError::Exchange(error.to_string()))
     }
 
     fn checkout(&self) -> Option<SendRequest<Body>> {
@@ -207,6 +294,57 @@ impl ConnectionPool {
             ))),
         }
     }
+}
+
+/// Whether the TLS of `stream` picked HTTP/2.
+fn negotiated_http2(stream: &Stream) -> bool {
+    match stream {
+        Stream::Plain(_) => false,
+        Stream::Tls(tls) => tls.get_ref().1.alpn_protocol() == Some(b"h2"),
+    }
+}
+
+/// A request as HTTP/2 carries it: the authority (the client's `Host`, else the target's) and
+/// scheme in the URI, no HTTP/1.1 framing fields, and `te: trailers` for gRPC, whose servers
+/// may insist on it.
+fn for_http2(request: Request<Body>, scheme: &Scheme, target: &Authority) -> Request<Body> {
+    let (mut parts, body) = request.into_parts();
+    let authority = parts
+        .headers
+        .remove(header::HOST)
+        .and_then(|host| Authority::try_from(host.as_bytes()).ok())
+        .unwrap_or_else(|| target.clone());
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(scheme.clone());
+    uri.authority = Some(authority);
+    uri.path_and_query = parts.uri.path_and_query().cloned();
+    parts.uri = Uri::from_parts(uri).unwrap_or(parts.uri);
+    parts.version = Version::HTTP_2;
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    let grpc = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| crate::grpc::is_grpc(value.as_bytes()));
+    if grpc {
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    Request::from_parts(parts, body)
+}
+
+async fn handshake_http2(stream: Stream) -> Result<http2::SendRequest<Body>, String> {
+    let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+        .max_header_list_size(MAX_RESPONSE_HEAD_BYTES as u32)
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|error| error.to_string())?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "upstream HTTP/2 connection ended with an error");
+        }
+    });
+    Ok(sender)
 }
 
 async fn handshake<S>(stream: S) -> Result<SendRequest<Body>, String>

@@ -77,22 +77,19 @@ pub(super) fn compile_upstream(
     })
 }
 
+const EXPECTED: &str =
+    "expected \"http://host:port\", \"https://host:port\" or \"h2c://host:port\" (HTTP/2 without TLS)";
+
 fn upstream_target(text: &str) -> Result<UpstreamTarget, String> {
     let url: Uri = text
         .parse()
-        .map_err(|_| format!("invalid url {text:?}: expected \"http://host:port\""))?;
+        .map_err(|_| format!("invalid url {text:?}: {EXPECTED}"))?;
     match url.scheme_str() {
-        Some("http") | Some("https") => {}
-        _ => {
-            return Err(format!(
-                "invalid url {text:?}: expected \"http://host:port\""
-            ))
-        }
+        Some("http" | "https" | "h2c") => {}
+        _ => return Err(format!("invalid url {text:?}: {EXPECTED}")),
     }
     if url.authority().is_none() {
-        return Err(format!(
-            "invalid url {text:?}: no host; expected \"http://host:port\""
-        ));
+        return Err(format!("invalid url {text:?}: no host; {EXPECTED}"));
     }
     if url.query().is_some() {
         return Err(format!(
@@ -115,7 +112,17 @@ mod tests {
         let target = upstream_target("http://app:3000/api/").unwrap();
         assert_eq!(target.base_path, "/api");
         assert_eq!(upstream_target("https://app").unwrap().base_path, "");
-        for bad in ["ftp://app", "app:3000", "http://app/?x=1", "/path"] {
+        assert!(upstream_target("h2c://grpc:50051")
+            .unwrap()
+            .speaks_http2_only());
+        assert!(!upstream_target("https://app").unwrap().speaks_http2_only());
+        for bad in [
+            "ftp://app",
+            "app:3000",
+            "http://app/?x=1",
+            "/path",
+            "h2://app",
+        ] {
             assert!(upstream_target(bad).is_err(), "{bad}");
         }
     }

@@ -193,6 +193,9 @@ pub struct Limit {
     /// A calendar quota (`quota`, `period`, `timezone`): `capacity` is the quota, counted per
     /// period without refill, and `rate` only spreads it over a nominal period for display.
     pub calendar: Option<crate::limit::calendar::Calendar>,
+    /// A concurrency limit (`concurrency`): at most this many of a key's requests in flight,
+    /// each holding a slot until its response ends; `capacity` is the same number.
+    pub concurrency: Option<u32>,
 }
 
 /// Where a request's tier is read.

@@ -2,8 +2,8 @@
 //! rejects it with a [`Reject`]; `respond::rejection` renders every rejection in one place.
 //!
 //! ```text
-//! handle ─ route ─ client_address ─ read_body ─ bucket_requests ─ decide ─ forward ─ after_response ─ finish
-//!           400/405/431/404    400         413/400       400/401        429/503    502/504                502
+//! handle ─ route ─ client_address ─ read_body ─ bucket_requests ─ slots ─ decide ─ forward ─ after_response ─ finish
+//!           400/405/431/404    400         413/400       400/401        429     429/503    502/504                502
 //! ```
 //!
 //! Every request leaves one access-log line and its counters. The pure parts live beside:
@@ -15,6 +15,7 @@ pub mod accounting;
 mod body;
 mod checks;
 pub mod reject;
+mod slots;
 
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
@@ -33,10 +34,12 @@ use self::accounting::BucketAccount;
 use self::body::read_body;
 use self::checks::FieldScan;
 pub use self::reject::{Cause, Reject, Reports};
+use self::slots::SlotRequests;
 use crate::config::{HeaderMode, StoreFailurePolicy};
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
+use crate::limit::concurrency::{HeldSlots, SlotKey, SlotRequest};
 use crate::limit::{clock, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
 use crate::metrics::{Outcome, StatusClass};
 use crate::respond::{self, FieldValue, SetFields};
@@ -234,10 +237,26 @@ impl Gateway {
         let max_body = routed.runtime.policy.server.max_buffered_body;
         let body = read_body(routed.route, max_body, &parts.headers, body).await?;
         let mut buckets = Buckets::new();
-        self.bucket_requests(routed, client, &parts, &body, &mut buckets)?;
+        let mut slot_requests = SlotRequests::new();
+        self.bucket_requests(
+            routed,
+            client,
+            &parts,
+            &body,
+            &mut buckets,
+            &mut slot_requests,
+        )?;
         if access_log::enabled() {
             exchange.keys = Some(access_log::keys(&buckets));
         }
+        // Slots first: a request refused by one is charged no token, and one refused by a
+        // bucket gives its slots back (dropped with `held`).
+        let held = slots::take(&self.shared.slots, routed.route, &slot_requests, reports)
+            .inspect_err(|_| {
+                if access_log::enabled() {
+                    exchange.limit = Some(accounting::refusing(reports));
+                }
+            })?;
         let admission = match self.decide(routed.route, &buckets, exchange, reports).await {
             Ok(admission) => admission,
             Err(reject) => {
@@ -247,7 +266,9 @@ impl Gateway {
             }
         };
         exchange.outcome = Some(admission.outcome);
-        let forwarded = self.forward(routed, parts, body, exchange).await?;
+        let mut forwarded = self.forward(routed, parts, body, exchange).await?;
+        // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
+        forwarded.response.body_mut().in_flight().slots = held;
         let status = forwarded.response.status().as_u16();
         self.after_response(routed.route, &buckets, admission.decider, status)
             .await;
@@ -285,6 +306,7 @@ impl Gateway {
         parts: &Parts,
         body: &OutgoingBody,
         buckets: &mut Buckets<'r>,
+        slot_requests: &mut SlotRequests,
     ) -> Result<(), Reject> {
         let route = routed.route;
         let body = match body {
@@ -310,6 +332,19 @@ impl Gateway {
             else {
                 continue;
             };
+            if let Some(concurrency) = limit.concurrency {
+                slot_requests.push(SlotRequest {
+                    key: SlotKey {
+                        limit: limit.name.clone(),
+                        fingerprint: limit.fingerprint,
+                        parts: key_parts,
+                    },
+                    slots: concurrency,
+                    in_use: applied.metrics.concurrency_in_use.clone(),
+                    route_limit: position,
+                });
+                continue;
+            }
             let calendar_now =
                 || *calendar_time.get_or_insert_with(|| self.shared.store.calendar_now());
             let Some(charge) = limit.charge(
@@ -573,9 +608,10 @@ impl Gateway {
                 (Some((client, expected)), Some(server))
                     if expected.accepted_by(response.headers()) =>
                 {
-                    // The tunnel counts in flight until it closes.
+                    // The tunnel counts in flight, and holds its slots, until it closes.
                     let in_flight = RequestInFlight::new(&self.shared.metrics.inflight);
-                    self.splice_upgraded(client, server, in_flight)
+                    let slots = response.body_mut().in_flight().slots.take();
+                    self.splice_upgraded(client, server, (in_flight, slots))
                 }
                 _ => return Err(Reject::UpgradeFailed),
             }
@@ -586,7 +622,12 @@ impl Gateway {
     }
 
     /// Copies bytes both ways between an upgraded client and upstream connection.
-    fn splice_upgraded(&self, client: OnUpgrade, server: OnUpgrade, in_flight: RequestInFlight) {
+    fn splice_upgraded(
+        &self,
+        client: OnUpgrade,
+        server: OnUpgrade,
+        in_flight: (RequestInFlight, Option<HeldSlots>),
+    ) {
         self.shared.tasks.spawn(async move {
             let _in_flight = in_flight;
             let (client, server) = match tokio::try_join!(client, server) {

@@ -48,4 +48,6 @@ impl Drop for UpstreamInFlight {
 pub(crate) struct InFlight {
     pub(crate) request: Option<RequestInFlight>,
     pub(crate) upstream: Option<UpstreamInFlight>,
+    /// The request's slots of concurrency limits.
+    pub(crate) slots: Option<crate::limit::concurrency::HeldSlots>,
 }

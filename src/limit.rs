@@ -8,6 +8,7 @@ pub mod breaker;
 pub mod bucket;
 pub mod calendar;
 pub mod clock;
+pub mod concurrency;
 pub mod deny_cache;
 pub mod memory;
 pub mod redis;

@@ -147,6 +147,7 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     client_ip_warnings: IntCounterVec,
     penalties: IntCounterVec,
+    concurrency_in_use: prometheus::IntGaugeVec,
     jwt_rejected: IntCounterVec,
     pub load_factor: Gauge,
 }
@@ -263,6 +264,17 @@ impl Metrics {
             "Adaptive penalties: keys tripped by repeated upstream errors, per limit.",
             &["limit"],
         );
+        let concurrency_in_use = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "tollgate_concurrency_in_use",
+                "Slots of concurrency limits held by this replica's requests in flight, per limit.",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(concurrency_in_use.clone()))
+            .expect("unique metric");
         let jwt_rejected = counter(
             "tollgate_jwt_rejected_total",
             "Tokens refused (401) on routes whose limits read a claim, by reason.",
@@ -302,6 +314,7 @@ impl Metrics {
             config_reloads,
             client_ip_warnings,
             penalties,
+            concurrency_in_use,
             jwt_rejected,
             load_factor,
         }
@@ -407,6 +420,10 @@ impl Metrics {
     pub fn for_route_limit(&self, route: &Route, limit: &Limit) -> LimitMetrics {
         let (route, name) = (&*route.name, &*limit.name);
         LimitMetrics {
+            concurrency_in_use: limit
+                .concurrency
+                .is_some()
+                .then(|| self.concurrency_in_use.with_label_values(&[name])),
             penalties: limit
                 .adaptive
                 .is_some()
@@ -456,6 +473,8 @@ impl RouteMetrics {
 pub struct LimitMetrics {
     /// For adaptive limits only.
     pub penalties: Option<SharedIntCounter>,
+    /// `tollgate_concurrency_in_use{limit}`, for a concurrency limit.
+    pub concurrency_in_use: Option<prometheus::IntGauge>,
     pub limited: IntCounter,
     pub tokens_consumed: Counter,
     pub fill_ratio: Histogram,

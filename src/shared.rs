@@ -26,6 +26,8 @@ pub(crate) struct Shared {
     pub(crate) store: Store,
     /// In-process buckets for routes with `on_store_failure = "local"`.
     pub(crate) local: MemoryStore,
+    /// The slots of concurrency limits held by this process's requests in flight.
+    pub(crate) slots: Arc<crate::limit::concurrency::Slots>,
     pub(crate) hasher: KeyHasher,
     pub(crate) metrics: Metrics,
     pub(crate) store_calls: StoreCallMetrics,
@@ -107,6 +109,7 @@ impl Shared {
             store_calls: metrics.store_call(store.backend()),
             store,
             local: MemoryStore::new(policy.store.max_keys, clock),
+            slots: Arc::default(),
             hasher,
             runtime: ArcSwap::from_pointee(runtime),
             metrics,

@@ -92,7 +92,8 @@ use serde::Deserialize as _;
 /// feature.
 async fn live_metric_families() -> BTreeSet<String> {
     let upstream = start_upstream().await;
-    // A route that reads a token brings the token rejections' series.
+    // A route that reads a token brings the token rejections' series; a concurrency limit,
+    // its slots in use.
     std::env::set_var(
         "TOLLGATE_TEST_DEPLOY_JWT_SECRET",
         "deploy-test-secret-0123456789abcdef",
@@ -125,11 +126,21 @@ key = { jwt_claim = "sub" }
 capacity = 5
 rate = "1/s"
 
+[limits.exports]
+key = { header = "x-user" }
+concurrency = 2
+
 [[routes]]
 name = "api"
 path_prefix = "/api"
 upstream = "app"
 limits = ["per_subject"]
+
+[[routes]]
+name = "exports"
+path_prefix = "/exports"
+upstream = "app"
+limits = ["exports"]
 
 [[routes]]
 name = "default"

@@ -312,6 +312,16 @@ pub(super) fn list_or_none(names: &[&str]) -> String {
 /// Valid but suspicious policy.
 fn warnings(policy: &Policy) -> Vec<String> {
     let mut warnings = Vec::new();
+    let redis = policy.store.backend == super::raw::Backend::Redis;
+    for limit in policy
+        .limits
+        .iter()
+        .filter(|limit| limit.concurrency.is_some())
+    {
+        if redis {
+            warnings.push(format!("limit {:?} counts requests in flight per replica: with the Redis store, each replica admits its own `concurrency` (slots shared through Redis are not built yet)", limit.name));
+        }
+    }
     for limit in &policy.limits {
         if !policy.routes.iter().any(|route| {
             route
@@ -548,6 +558,46 @@ mod testing {
             route("api", "path_prefix = \"/api\""),
         );
         assert!(!policy(&text).warnings.iter().any(dead));
+    }
+
+    #[test]
+    fn a_concurrency_limit_is_one_kind_of_limit_with_a_whole_number_of_slots() {
+        let exports = "[limits.exports]\nkey = { header = \"x-user\" }\nconcurrency = 2\n";
+        let compiled = policy(exports);
+        let limit = &compiled.limits[0];
+        assert_eq!((limit.concurrency, limit.capacity), (Some(2), 2.0));
+        for (bad, needle) in [
+            ("concurrency = 0", "out of range"),
+            (
+                "concurrency = 2\ncapacity = 5\nrate = \"1/s\"",
+                "one of them",
+            ),
+            (
+                "concurrency = 2\nquota = 5\nperiod = \"day\"",
+                "one of them",
+            ),
+            ("concurrency = 2\nmode = \"shadow\"", "shadow"),
+            (
+                "concurrency = 2\ncharge_on_status = { \"401\" = 1 }",
+                "charge_on_status",
+            ),
+        ] {
+            let found = errors(&format!("[limits.x]\nkey = \"global\"\n{bad}\n"));
+            assert!(
+                found
+                    .iter()
+                    .any(|(key, message)| key.starts_with("limits.x") && message.contains(needle)),
+                "{bad}: {found:?}"
+            );
+        }
+        let redis = policy(&format!(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nhash_key = \"0123456789abcdef\"\n{exports}"
+        ));
+        assert!(
+            redis.warnings.iter().any(|w| w.contains("per replica")),
+            "{:?}",
+            redis.warnings
+        );
     }
 
     #[test]

@@ -191,6 +191,8 @@ pub struct RawLimit {
     pub rate: Option<Spanned<HumanRate>>,
     pub quota: Option<Spanned<f64>>,
     pub period: Option<Spanned<crate::limit::calendar::Period>>,
+    /// A concurrency limit: at most this many requests of a key in flight.
+    pub concurrency: Option<Spanned<i64>>,
     pub timezone: Option<Spanned<String>>,
     pub mode: Option<Mode>,
     pub exempt: Option<Spanned<Vec<String>>>,

@@ -1,5 +1,7 @@
 const HTTP1: &str = "hyper";
 
+#[path = "cases/concurrency.rs"]
+mod concurrency;
 #[path = "cases/http1.rs"]
 mod http1;
 #[path = "cases/identity.rs"]

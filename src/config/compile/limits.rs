@@ -11,7 +11,7 @@ use super::server::{networks, prefix_length};
 use super::tiers::{compile_amount, compile_tier_source, compile_tiers, NEEDS_JWT};
 use super::Errors;
 use crate::config::raw::{self, RawKey};
-use crate::config::{Adaptive, ClientIpSettings, KeySource, Limit, Overload};
+use crate::config::{Adaptive, ClientIpSettings, KeySource, Limit, Overload, Rate};
 use crate::limit::AdaptiveParams;
 
 /// The longest an empty bucket may take to fill (so that every announced wait is a number a
@@ -35,7 +35,23 @@ pub(super) fn compile_limit(
             format!("invalid limit name {name:?}: use letters, digits, '_', '-' and '.'"),
         );
     }
-    let (capacity, rate, calendar) = compile_amount(&raw, &key, span.clone(), errors)?;
+    let concurrency = raw
+        .concurrency
+        .as_ref()
+        .map(|concurrency| compile_concurrency(concurrency, &raw, &key, errors));
+    let (capacity, rate, calendar) = match concurrency {
+        // A slot held is one token of a bucket that refills at once when it is given back:
+        // the headers speak of it as of a bucket of `concurrency` tokens a second.
+        Some(slots) => (
+            f64::from(slots),
+            Rate {
+                tokens: f64::from(slots),
+                period: std::time::Duration::from_secs(1),
+            },
+            None,
+        ),
+        None => compile_amount(&raw, &key, span.clone(), errors)?,
+    };
     let adaptive = raw
         .adaptive
         .map(|adaptive| compile_adaptive(adaptive, &key, capacity, errors));
@@ -128,6 +144,7 @@ pub(super) fn compile_limit(
         &rate.per_second().to_bits().to_string(),
         &ipv4_prefix.to_string(),
         &ipv6_prefix.to_string(),
+        &format!("{concurrency:?}"),
     ]);
     Some(Limit {
         name: Arc::from(name.as_str()),
@@ -146,7 +163,55 @@ pub(super) fn compile_limit(
         tier: tier.flatten(),
         tiers,
         calendar,
+        concurrency,
     })
+}
+
+/// `concurrency = N`: at least one slot, and none of a token bucket's or quota's settings.
+fn compile_concurrency(
+    concurrency: &Spanned<i64>,
+    raw: &raw::RawLimit,
+    key: &str,
+    errors: &mut Errors<'_>,
+) -> u32 {
+    let span = Some(concurrency.span());
+    let slots = u32::try_from(*concurrency.get_ref())
+        .ok()
+        .filter(|slots| (1..=1_000_000).contains(slots));
+    if slots.is_none() {
+        errors.at(
+            span.clone(),
+            format!("{key}.concurrency"),
+            format!(
+                "{} is out of range: requests in flight at once, 1 to 1000000",
+                concurrency.get_ref()
+            ),
+        );
+    }
+    let bucket = raw.capacity.is_some() || raw.rate.is_some();
+    let quota = raw.quota.is_some() || raw.period.is_some();
+    if bucket || quota {
+        errors.at(
+            span.clone(),
+            key,
+            "a limit has capacity and rate (a token bucket), quota and period (a calendar quota), or concurrency (requests in flight): one of them; put a second limit beside it for both",
+        );
+    }
+    if raw.adaptive.is_some() || raw.charge_on_status.is_some() || raw.tiers.is_some() {
+        errors.at(
+            span.clone(),
+            key,
+            "a concurrency limit takes no adaptive penalty, charge_on_status or tiers: it counts requests in flight",
+        );
+    }
+    if raw.mode == Some(crate::config::Mode::Shadow) {
+        errors.at(
+            span,
+            key,
+            "a concurrency limit has no shadow mode: it holds slots, which a request that is never refused would only fill",
+        );
+    }
+    slots.unwrap_or(1)
 }
 
 fn status_code(value: i64) -> Option<u16> {

@@ -139,6 +139,9 @@ pub struct RedisSettings {
     pub prefix: String,
     /// PEM roots for `rediss://`; `None`: the system's.
     pub ca_file: Option<PathBuf>,
+    /// How long a concurrency slot lasts in Redis unless renewed (its request renews it while
+    /// in flight): what a replica that dies holds for at most.
+    pub lease: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]

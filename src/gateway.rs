@@ -15,7 +15,7 @@ pub mod accounting;
 mod body;
 mod checks;
 pub mod reject;
-mod slots;
+pub(crate) mod slots;
 
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
@@ -39,7 +39,7 @@ use crate::config::{HeaderMode, StoreFailurePolicy};
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
-use crate::limit::concurrency::{HeldSlots, SlotKey, SlotRequest};
+use crate::limit::concurrency::{SlotKey, SlotRequest};
 use crate::limit::{clock, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
 use crate::metrics::{Outcome, StatusClass};
 use crate::respond::{self, FieldValue, SetFields};
@@ -251,7 +251,8 @@ impl Gateway {
         }
         // Slots first: a request refused by one is charged no token, and one refused by a
         // bucket gives its slots back (dropped with `held`).
-        let held = slots::take(&self.shared.slots, routed.route, &slot_requests, reports)
+        let held = slots::take(&self.shared, routed.route, &slot_requests, reports)
+            .await
             .inspect_err(|_| {
                 if access_log::enabled() {
                     exchange.limit = Some(accounting::refusing(reports));
@@ -626,7 +627,7 @@ impl Gateway {
         &self,
         client: OnUpgrade,
         server: OnUpgrade,
-        in_flight: (RequestInFlight, Option<HeldSlots>),
+        in_flight: (RequestInFlight, Option<slots::Held>),
     ) {
         self.shared.tasks.spawn(async move {
             let _in_flight = in_flight;

@@ -49,5 +49,5 @@ pub(crate) struct InFlight {
     pub(crate) request: Option<RequestInFlight>,
     pub(crate) upstream: Option<UpstreamInFlight>,
     /// The request's slots of concurrency limits.
-    pub(crate) slots: Option<crate::limit::concurrency::HeldSlots>,
+    pub(crate) slots: Option<crate::gateway::slots::Held>,
 }

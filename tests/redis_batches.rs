@@ -31,6 +31,7 @@ fn store_with_timeout(redis: &RedisServer, prefix: &str, timeout: Duration) -> R
         connect_timeout: Duration::from_secs(1),
         prefix: prefix.to_owned(),
         ca_file: None,
+        lease: Duration::from_secs(60),
     };
     RedisStore::new(&settings, Clock::monotonic()).expect("store")
 }

@@ -312,16 +312,6 @@ pub(super) fn list_or_none(names: &[&str]) -> String {
 /// Valid but suspicious policy.
 fn warnings(policy: &Policy) -> Vec<String> {
     let mut warnings = Vec::new();
-    let redis = policy.store.backend == super::raw::Backend::Redis;
-    for limit in policy
-        .limits
-        .iter()
-        .filter(|limit| limit.concurrency.is_some())
-    {
-        if redis {
-            warnings.push(format!("limit {:?} counts requests in flight per replica: with the Redis store, each replica admits its own `concurrency` (slots shared through Redis are not built yet)", limit.name));
-        }
-    }
     for limit in &policy.limits {
         if !policy.routes.iter().any(|route| {
             route
@@ -590,14 +580,6 @@ mod testing {
                 "{bad}: {found:?}"
             );
         }
-        let redis = policy(&format!(
-            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nhash_key = \"0123456789abcdef\"\n{exports}"
-        ));
-        assert!(
-            redis.warnings.iter().any(|w| w.contains("per replica")),
-            "{:?}",
-            redis.warnings
-        );
     }
 
     #[test]

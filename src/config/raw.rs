@@ -166,6 +166,8 @@ pub struct RawStore {
     pub prefix: Option<String>,
     /// PEM roots to verify a `rediss://` server with (else the system's).
     pub ca_file: Option<String>,
+    /// How long a concurrency slot held in Redis lasts unless its request renews it.
+    pub lease: Option<HumanDuration>,
     /// Secret for the keyed hash of request-derived key values (else `TOLLGATE_HASH_KEY`).
     pub hash_key: Option<Spanned<String>>,
 }

@@ -31,6 +31,7 @@ mod decide_call;
 mod key_admin;
 mod keys;
 mod server_clock;
+mod slots;
 
 use batch::Batcher;
 use decide_call::{BucketArguments, Shape};
@@ -88,6 +89,8 @@ pub struct RedisStore {
     node_urls: Vec<String>,
     /// The CA certificates `[store] ca_file` names, for every connection this store opens.
     ca_roots: Option<Vec<u8>>,
+    /// How long a concurrency slot lasts unless renewed.
+    pub(crate) lease: Duration,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -180,6 +183,7 @@ impl RedisStore {
             ),
             node_urls: settings.nodes.clone(),
             ca_roots: roots,
+            lease: settings.lease,
         })
     }
 

@@ -62,6 +62,14 @@ pub(super) fn compile_store(
             if timeout.is_zero() {
                 errors.at(span.clone(), "store.timeout", "must be longer than zero");
             }
+            let lease = duration_or(raw.lease, Duration::from_secs(60));
+            if lease < Duration::from_secs(1) {
+                errors.at(
+                    span.clone(),
+                    "store.lease",
+                    "at least 1s: a request renews its slots every third of it",
+                );
+            }
             let connect_timeout = duration_or(raw.connect_timeout, Duration::from_secs(1));
             if connect_timeout.is_zero() {
                 errors.at(
@@ -87,6 +95,7 @@ pub(super) fn compile_store(
                         connect_timeout,
                         prefix: raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned()),
                         ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
+                        lease,
                     }),
                     Err(message) => {
                         errors.at(Some(url.span()), "store.url", message);

@@ -24,7 +24,7 @@ impl RedisStore {
         super::StoreKeys::new(&self.prefix, std::iter::once(key))[0].to_owned()
     }
 
-    async fn query<T: redis::FromRedisValue + Send>(
+    pub(super) async fn query<T: redis::FromRedisValue + Send>(
         &self,
         command: redis::Cmd,
     ) -> Result<T, StoreError> {

@@ -48,6 +48,7 @@ fn decision(c: &mut Criterion) {
         cost: 1.0,
         enforce: true,
         period: None,
+        debt: 0.0,
     };
     let bucket = |limit: &'static str, parts: Vec<KeyPart>| BucketRequest {
         key: BucketKey {

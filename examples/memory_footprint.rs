@@ -50,6 +50,7 @@ fn main() {
                 cost: 1.0,
                 enforce: true,
                 period: None,
+                debt: 0.0,
             },
             adaptive: None,
             route_limit: 0,

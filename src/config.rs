@@ -199,6 +199,9 @@ pub struct Limit {
     /// A concurrency limit (`concurrency`): at most this many of a key's requests in flight,
     /// each holding a slot until its response ends; `capacity` is the same number.
     pub concurrency: Option<u32>,
+    /// `on_limit = "delay"`: a request that would find its tokens within this long books
+    /// them and waits, instead of being refused.
+    pub max_delay: Option<Duration>,
 }
 
 /// Where a request's tier is read.
@@ -271,17 +274,21 @@ impl Limit {
             .calendar
             .as_ref()
             .map(|calendar| calendar.quota_period(calendar_now()));
+        // A quota never refills: its count starts over with its period.
+        let rate = if period.is_some() {
+            0.0
+        } else {
+            rate.per_second() * rate_factor
+        };
         Some(crate::limit::Charge {
             capacity,
-            // A quota never refills: its count starts over with its period.
-            rate: if period.is_some() {
-                0.0
-            } else {
-                rate.per_second() * rate_factor
-            },
+            rate,
             cost,
             enforce: self.mode == Mode::Enforce,
             period,
+            debt: self
+                .max_delay
+                .map_or(0.0, |max_delay| rate * max_delay.as_secs_f64()),
         })
     }
 

@@ -2,7 +2,7 @@
 //! rejects it with a [`Reject`]; `respond::rejection` renders every rejection in one place.
 //!
 //! ```text
-//! handle ─ route ─ client_address ─ read_body ─ bucket_requests ─ slots ─ decide ─ forward ─ after_response ─ finish
+//! handle ─ route ─ client_address ─ read_body ─ bucket_requests ─ slots ─ decide ─ (delay) ─ forward ─ after_response ─ finish
 //!           400/405/431/404    400         413/400       400/401        429     429/503    502/504                502
 //! ```
 //!
@@ -14,6 +14,7 @@ mod access_log;
 pub mod accounting;
 mod body;
 mod checks;
+mod delay;
 pub mod reject;
 pub(crate) mod slots;
 
@@ -103,6 +104,10 @@ type Buckets<'r> = SmallVec<[BucketRequest<'r>; 4]>;
 struct Admission {
     outcome: Outcome,
     decider: Decider,
+    /// Seconds to hold the request for tokens it booked (`on_limit = "delay"`), and the
+    /// route limits whose buckets the decision charged.
+    delay: f64,
+    charged: SmallVec<[usize; 4]>,
 }
 
 /// Which store took a request's decision (and so receives its response hooks).
@@ -267,6 +272,17 @@ impl Gateway {
             }
         };
         exchange.outcome = Some(admission.outcome);
+        if admission.delay > 0.0 {
+            let local = admission.decider == Decider::Local;
+            delay::hold(
+                &self.shared,
+                local,
+                &buckets,
+                &admission.charged,
+                admission.delay,
+            )
+            .await;
+        }
         let mut forwarded = self.forward(routed, parts, body, exchange).await?;
         // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
         forwarded.response.body_mut().in_flight().slots = held;
@@ -403,6 +419,8 @@ impl Gateway {
         let admitted_unlimited = |outcome| Admission {
             outcome,
             decider: Decider::Nobody,
+            delay: 0.0,
+            charged: SmallVec::new(),
         };
         if buckets.is_empty() {
             return Ok(admitted_unlimited(Outcome::Allowed));
@@ -422,7 +440,11 @@ impl Gateway {
                 }
             }
         };
+        let mut charged = SmallVec::new();
         let accounting = accounting::account(buckets, &decision, reports, |share| {
+            if share.charged > 0.0 {
+                charged.push(share.route_limit);
+            }
             record_share(route, share)
         });
         if !accounting.admitted {
@@ -437,7 +459,12 @@ impl Gateway {
             _ if accounting.shadow_refused => Outcome::ShadowLimited,
             _ => Outcome::Allowed,
         };
-        Ok(Admission { outcome, decider })
+        Ok(Admission {
+            outcome,
+            decider,
+            delay: accounting.delay,
+            charged,
+        })
     }
 
     /// The store's decision; a failure is timed, counted and logged here (an open circuit,
@@ -655,6 +682,11 @@ fn record_share(route: &ServedRoute, share: BucketAccount) {
     }
     if share.refused {
         metrics.limited.inc();
+    }
+    if share.delayed {
+        if let Some(delayed) = &metrics.delayed {
+            delayed.inc();
+        }
     }
 }
 

@@ -148,6 +148,9 @@ pub struct Metrics {
     client_ip_warnings: IntCounterVec,
     penalties: IntCounterVec,
     concurrency_in_use: prometheus::IntGaugeVec,
+    delayed: IntCounterVec,
+    /// `tollgate_delay_seconds`: how long delayed requests were held.
+    pub delay_seconds: prometheus::Histogram,
     jwt_rejected: IntCounterVec,
     pub load_factor: Gauge,
 }
@@ -275,6 +278,24 @@ impl Metrics {
         registry
             .register(Box::new(concurrency_in_use.clone()))
             .expect("unique metric");
+        let delayed = counter(
+            "tollgate_delayed_total",
+            "Requests held for tokens they booked (on_limit = \"delay\") instead of refused, per route and limit.",
+            &["route", "limit"],
+        );
+        let delay_seconds = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "tollgate_delay_seconds",
+                "How long delayed requests were held before going upstream.",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ]),
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(delay_seconds.clone()))
+            .expect("unique metric");
         let jwt_rejected = counter(
             "tollgate_jwt_rejected_total",
             "Tokens refused (401) on routes whose limits read a claim, by reason.",
@@ -315,6 +336,8 @@ impl Metrics {
             client_ip_warnings,
             penalties,
             concurrency_in_use,
+            delayed,
+            delay_seconds,
             jwt_rejected,
             load_factor,
         }
@@ -424,6 +447,10 @@ impl Metrics {
                 .concurrency
                 .is_some()
                 .then(|| self.concurrency_in_use.with_label_values(&[name])),
+            delayed: limit
+                .max_delay
+                .is_some()
+                .then(|| self.delayed.with_label_values(&[route, name])),
             penalties: limit
                 .adaptive
                 .is_some()
@@ -475,6 +502,8 @@ pub struct LimitMetrics {
     pub penalties: Option<SharedIntCounter>,
     /// `tollgate_concurrency_in_use{limit}`, for a concurrency limit.
     pub concurrency_in_use: Option<prometheus::IntGauge>,
+    /// `tollgate_delayed_total{route,limit}`, for a limit that delays.
+    pub delayed: Option<SharedIntCounter>,
     pub limited: IntCounter,
     pub tokens_consumed: Counter,
     pub fill_ratio: Histogram,

@@ -93,7 +93,7 @@ use serde::Deserialize as _;
 async fn live_metric_families() -> BTreeSet<String> {
     let upstream = start_upstream().await;
     // A route that reads a token brings the token rejections' series; a concurrency limit,
-    // its slots in use.
+    // its slots in use; a delaying limit, its delays.
     std::env::set_var(
         "TOLLGATE_TEST_DEPLOY_JWT_SECRET",
         "deploy-test-secret-0123456789abcdef",
@@ -125,6 +125,7 @@ hold = "60s"
 key = { jwt_claim = "sub" }
 capacity = 5
 rate = "1/s"
+on_limit = "delay"
 
 [limits.exports]
 key = { header = "x-user" }

@@ -62,6 +62,7 @@ fn bucket(
             cost,
             enforce: true,
             period: None,
+            debt: 0.0,
         },
         adaptive: None,
         route_limit: 0,

@@ -254,6 +254,15 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         })
         .map(Arc::new)
         .collect();
+    if store.backend == raw::Backend::Redis {
+        for limit in limits.iter().filter(|limit| limit.max_delay.is_some()) {
+            errors.at(
+                None,
+                format!("limits.{}.on_limit", limit.name),
+                "on_limit = \"delay\" needs the memory store for now: with Redis, refuse (the default)",
+            );
+        }
+    }
     let mut routes = Vec::with_capacity(raw.routes.len());
     let mut route_names = HashSet::new();
     for (index, route) in raw.routes.into_iter().enumerate() {
@@ -580,6 +589,55 @@ mod testing {
                 "{bad}: {found:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_delay_is_a_token_buckets_within_a_minute_on_the_memory_store() {
+        let smooth = "[limits.smooth]\nkey = \"client_network\"\ncapacity = 20\nrate = \"10/s\"\non_limit = \"delay\"\n";
+        let compiled = policy(smooth);
+        assert_eq!(
+            compiled.limits[0].max_delay,
+            Some(std::time::Duration::from_secs(1))
+        );
+        let charge = compiled.limits[0].charge(None, 1.0, 1.0, || 0.0).unwrap();
+        assert_eq!(charge.debt, 10.0, "a second at 10 tokens a second");
+        for (bad, needle) in [
+            (
+                "capacity = 2\nrate = \"1/s\"\nmax_delay = \"1s\"",
+                "goes with",
+            ),
+            (
+                "capacity = 2\nrate = \"1/s\"\non_limit = \"delay\"\nmax_delay = \"2min\"",
+                "out of range",
+            ),
+            (
+                "quota = 2\nperiod = \"day\"\non_limit = \"delay\"",
+                "cannot delay",
+            ),
+            ("concurrency = 2\non_limit = \"delay\"", "cannot delay"),
+            (
+                "capacity = 2\nrate = \"1/s\"\non_limit = \"later\"",
+                "expected `refuse` or `delay`",
+            ),
+        ] {
+            let found = errors(&format!("[limits.x]\nkey = \"global\"\n{bad}\n"));
+            assert!(
+                found
+                    .iter()
+                    .any(|(key, message)| key.starts_with("limits.x") && message.contains(needle)),
+                "{bad}: {found:?}"
+            );
+        }
+        let redis = errors(&format!(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nhash_key = \"0123456789abcdef\"\n{smooth}"
+        ));
+        assert!(
+            redis
+                .iter()
+                .any(|(key, message)| key == "limits.smooth.on_limit"
+                    && message.contains("memory store")),
+            "{redis:?}"
+        );
     }
 
     #[test]

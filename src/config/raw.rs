@@ -195,6 +195,9 @@ pub struct RawLimit {
     pub period: Option<Spanned<crate::limit::calendar::Period>>,
     /// A concurrency limit: at most this many requests of a key in flight.
     pub concurrency: Option<Spanned<i64>>,
+    /// What a request that finds too few tokens gets: refused, or held until they come.
+    pub on_limit: Option<Spanned<OnLimit>>,
+    pub max_delay: Option<Spanned<HumanDuration>>,
     pub timezone: Option<Spanned<String>>,
     pub mode: Option<Mode>,
     pub exempt: Option<Spanned<Vec<String>>>,
@@ -308,6 +311,15 @@ pub enum Missing {
     Skip,
     /// The request is answered 400.
     Reject,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnLimit {
+    #[default]
+    Refuse,
+    /// Book the tokens and hold the request until they come (within `max_delay`).
+    Delay,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]

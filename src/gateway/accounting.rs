@@ -11,11 +11,13 @@ use crate::respond::LimitReport;
 
 /// A decision, accounted for (each bucket's share went to the caller, what the client is told
 /// into the request's reports).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Accounting {
     pub admitted: bool,
     /// The request was admitted although a shadow limit would have refused it.
     pub shadow_refused: bool,
+    /// Seconds the request waits for tokens it booked (`on_limit = "delay"`); 0: none.
+    pub delay: f64,
 }
 
 /// One observed bucket's share of a decision.
@@ -25,10 +27,13 @@ pub struct BucketAccount {
     pub route_limit: usize,
     /// Tokens left over capacity, within [0, 1].
     pub fill_ratio: f64,
-    /// Tokens charged (0 unless the request was admitted and the bucket could pay).
+    /// Tokens charged (0 unless the request was admitted and the bucket could pay, or booked
+    /// what it lacked).
     pub charged: f64,
-    /// An enforcing bucket that could not pay.
+    /// An enforcing bucket that could not pay (nor book).
     pub refused: bool,
+    /// The bucket booked tokens the request waits for.
+    pub delayed: bool,
 }
 
 /// Accounts for `decision` on `buckets` (the verdicts are in the buckets' order): tells
@@ -44,6 +49,7 @@ pub fn account<'a>(
     let mut accounting = Accounting {
         admitted,
         shadow_refused: false,
+        delay: 0.0,
     };
     for (bucket, verdict) in buckets.iter().zip(decision.verdicts()) {
         if !verdict.observed {
@@ -53,13 +59,17 @@ pub fn account<'a>(
         share(BucketAccount {
             route_limit: bucket.route_limit,
             fill_ratio: (verdict.tokens / verdict.capacity).clamp(0.0, 1.0),
-            charged: if admitted && verdict.sufficient {
+            charged: if admitted && (verdict.sufficient || verdict.booked) {
                 bucket.charge.cost
             } else {
                 0.0
             },
-            refused: enforce && !verdict.sufficient,
+            refused: enforce && !verdict.sufficient && !verdict.booked,
+            delayed: verdict.booked,
         });
+        if verdict.booked {
+            accounting.delay = accounting.delay.max(verdict.wait);
+        }
         accounting.shadow_refused |= admitted && !enforce && !verdict.sufficient;
         if enforce {
             reports.push(LimitReport {
@@ -120,6 +130,7 @@ mod tests {
                 cost,
                 enforce,
                 period: None,
+                debt: 0.0,
             },
             adaptive: None,
             route_limit,

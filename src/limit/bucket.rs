@@ -33,6 +33,9 @@ pub struct Charge {
     pub enforce: bool,
     /// For a calendar quota: the period the decision counts in.
     pub period: Option<QuotaPeriod>,
+    /// `on_limit = "delay"`: how far below zero a request may book tokens it then waits for
+    /// (`rate × max_delay`); 0 refuses at once.
+    pub debt: f64,
 }
 
 /// The calendar period a quota's decision counts in, as the gateway's clock places it (a
@@ -96,6 +99,9 @@ pub struct Verdict {
     /// The store saw this bucket in this decision (a refusal from the replica-local deny
     /// cache knows only the bucket that refused).
     pub observed: bool,
+    /// Too few tokens, but within the limit's debt: the request booked them and waits `wait`
+    /// before it goes on (`on_limit = "delay"`).
+    pub booked: bool,
 }
 
 impl Verdict {
@@ -109,6 +115,7 @@ impl Verdict {
             capacity: charge.capacity,
             rate: charge.rate,
             observed: true,
+            booked: false,
         }
     }
 
@@ -131,6 +138,7 @@ impl Verdict {
             capacity: 0.0,
             rate: 0.0,
             observed: false,
+            booked: false,
         }
     }
 }
@@ -179,7 +187,10 @@ pub fn decide(
     for (charge, state) in charges.iter().zip(states.iter()) {
         let tokens = tokens_at(*state, charge, now);
         let sufficient = tokens >= charge.cost;
-        admitted &= sufficient || !charge.enforce;
+        // Booked: the tokens it lacks come within the limit's delay; later requests find the
+        // debt and queue behind it.
+        let booked = !sufficient && charge.enforce && tokens - charge.cost >= -charge.debt;
+        admitted &= sufficient || booked || !charge.enforce;
         let wait = charge.wait(tokens);
         verdicts.push(Verdict {
             sufficient,
@@ -189,6 +200,7 @@ pub fn decide(
             capacity: charge.capacity,
             rate: charge.rate,
             observed: true,
+            booked,
         });
     }
     for ((charge, state), verdict) in charges
@@ -196,7 +208,8 @@ pub fn decide(
         .zip(states.iter_mut())
         .zip(verdicts.iter_mut())
     {
-        if admitted && verdict.sufficient {
+        verdict.booked &= admitted;
+        if admitted && (verdict.sufficient || verdict.booked) {
             verdict.tokens -= charge.cost;
         }
         verdict.full_in = charge.full_in(verdict.tokens);
@@ -207,7 +220,8 @@ pub fn decide(
 
 /// Charges `extra` tokens after the response (`charge_on_status`). The bucket may go into
 /// debt, down to `-capacity`: an expensive outcome is not free because the bucket was nearly
-/// empty, and the debt must refill before the next admit.
+/// empty, and the debt must refill before the next admit. A negative `extra` gives tokens
+/// back (a delayed request whose client left), never beyond the capacity.
 pub fn charge_after(
     state: Option<BucketState>,
     charge: &Charge,
@@ -215,7 +229,11 @@ pub fn charge_after(
     now: Timestamp,
 ) -> BucketState {
     let tokens = tokens_at(state, charge, now);
-    counted(charge, (tokens - extra).max(-charge.capacity), now)
+    counted(
+        charge,
+        (tokens - extra).max(-charge.capacity).min(charge.capacity),
+        now,
+    )
 }
 
 #[cfg(test)]
@@ -232,6 +250,7 @@ mod tests {
             cost,
             enforce: true,
             period: None,
+            debt: 0.0,
         }
     }
 
@@ -297,6 +316,52 @@ mod tests {
     }
 
     #[test]
+    fn a_delaying_bucket_books_within_its_debt_and_later_requests_queue_behind() {
+        // Capacity 2, 2 tokens a second, up to a second of delay: 2 tokens of debt.
+        let delaying = Charge {
+            debt: 2.0,
+            ..charge(2.0, 2.0, 1.0)
+        };
+        let mut states = [None];
+        let waits: Vec<(bool, bool, f64)> = (0..5)
+            .map(|_| {
+                let (admitted, verdicts) = run(&[delaying], &mut states, at(0.0));
+                (admitted, verdicts[0].booked, verdicts[0].wait)
+            })
+            .collect();
+        assert_eq!(
+            waits,
+            [
+                (true, false, 0.0),
+                (true, false, 0.0),
+                (true, true, 0.5),
+                (true, true, 1.0),
+                (false, false, 1.5)
+            ]
+        );
+        assert_eq!(
+            states[0].unwrap().tokens,
+            -2.0,
+            "the refused one booked nothing"
+        );
+        // Half a second on, the debt has shrunk by a token: one more is booked, a second wait.
+        let (admitted, verdicts) = run(&[delaying], &mut states, at(0.5));
+        assert!(admitted && verdicts[0].booked && verdicts[0].wait == 1.0);
+        // A bucket that refuses does not book, and a request it refuses books nowhere.
+        let refusing = charge(2.0, 2.0, 1.0);
+        let mut states = [
+            None,
+            Some(BucketState {
+                tokens: 0.0,
+                updated: at(0.0),
+            }),
+        ];
+        let (admitted, verdicts) = run(&[delaying, refusing], &mut states, at(0.0));
+        assert!(!admitted && !verdicts[0].booked);
+        assert_eq!(states[0].unwrap().tokens, 2.0);
+    }
+
+    #[test]
     fn all_or_nothing_across_buckets() {
         let charges = [charge(10.0, 1.0, 1.0), charge(1.0, 1.0, 1.0)];
         let mut states = [
@@ -325,6 +390,7 @@ mod tests {
         let shadow = Charge {
             enforce: false,
             period: None,
+            debt: 0.0,
             ..charge(1.0, 1.0, 1.0)
         };
         let charges = [charge(10.0, 1.0, 1.0), shadow];

@@ -400,6 +400,7 @@ mod tests {
                 cost,
                 enforce: true,
                 period: None,
+                debt: 0.0,
             },
             adaptive: None,
             route_limit: 0,

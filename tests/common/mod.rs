@@ -295,6 +295,7 @@ impl Reply {
     }
 }
 
+#[derive(Clone)]
 pub struct HttpClient {
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
     base: String,

@@ -2,6 +2,8 @@ const HTTP1: &str = "hyper";
 
 #[path = "cases/concurrency.rs"]
 mod concurrency;
+#[path = "cases/delay.rs"]
+mod delay;
 #[path = "cases/http1.rs"]
 mod http1;
 #[path = "cases/identity.rs"]

@@ -39,6 +39,12 @@ pub(super) fn compile_limit(
         .concurrency
         .as_ref()
         .map(|concurrency| compile_concurrency(concurrency, &raw, &key, errors));
+    let max_delay = compile_delay(
+        &raw,
+        &key,
+        concurrency.is_none() && raw.quota.is_none(),
+        errors,
+    );
     let (capacity, rate, calendar) = match concurrency {
         // A slot held is one token of a bucket that refills at once when it is given back:
         // the headers speak of it as of a bucket of `concurrency` tokens a second.
@@ -146,6 +152,7 @@ pub(super) fn compile_limit(
         &ipv6_prefix.to_string(),
         &format!("{concurrency:?}"),
     ]);
+    // The delay is not part of the fingerprint: changing it keeps the buckets.
     Some(Limit {
         name: Arc::from(name.as_str()),
         key: key_sources,
@@ -164,7 +171,58 @@ pub(super) fn compile_limit(
         tiers,
         calendar,
         concurrency,
+        max_delay,
     })
+}
+
+/// `on_limit = "delay"` and `max_delay`: a token bucket's requests held up to `max_delay`
+/// (default 1s, at most a minute) instead of refused.
+fn compile_delay(
+    raw: &raw::RawLimit,
+    key: &str,
+    bucket: bool,
+    errors: &mut Errors<'_>,
+) -> Option<std::time::Duration> {
+    let delay = raw
+        .on_limit
+        .as_ref()
+        .is_some_and(|on_limit| *on_limit.get_ref() == raw::OnLimit::Delay);
+    let span = raw
+        .on_limit
+        .as_ref()
+        .map(Spanned::span)
+        .or_else(|| raw.max_delay.as_ref().map(Spanned::span));
+    if !delay {
+        if raw.max_delay.is_some() {
+            errors.at(
+                span,
+                format!("{key}.max_delay"),
+                "max_delay goes with on_limit = \"delay\"",
+            );
+        }
+        return None;
+    }
+    if !bucket {
+        errors.at(
+            span.clone(),
+            format!("{key}.on_limit"),
+            "on_limit = \"delay\" holds a request until a token bucket refills: a calendar quota or a concurrency limit cannot delay",
+        );
+    }
+    let max_delay = raw
+        .max_delay
+        .as_ref()
+        .map_or(std::time::Duration::from_secs(1), |max_delay| {
+            max_delay.get_ref().0
+        });
+    if max_delay.is_zero() || max_delay > std::time::Duration::from_secs(60) {
+        errors.at(
+            span,
+            format!("{key}.max_delay"),
+            "out of range: longer than zero, at most 60s (a held request holds its connection)",
+        );
+    }
+    Some(max_delay)
 }
 
 /// `concurrency = N`: at least one slot, and none of a token bucket's or quota's settings.

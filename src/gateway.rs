@@ -6,15 +6,18 @@
 //!           400/405/431/404    400         413/400       400/401        429     429/503    502/504                502
 //! ```
 //!
-//! Every request leaves one access-log line and its counters. The pure parts live beside:
-//! `checks.rs` (the request head), `accounting.rs` (what a decision means), `reject.rs` (why a
-//! request ends early), `access_log.rs` (the log line).
+//! Every request leaves one access-log line and its counters. Beside this file: the phases of
+//! their own, `slots.rs`, `delay.rs`, `outcomes.rs` (after_response) and `finish.rs`; and the
+//! pure parts, `checks.rs` (the request head), `accounting.rs` (what a decision means),
+//! `reject.rs` (why a request ends early), `access_log.rs` (the log line).
 
 mod access_log;
 pub mod accounting;
 mod body;
 mod checks;
 mod delay;
+mod finish;
+mod outcomes;
 pub mod reject;
 pub(crate) mod slots;
 
@@ -24,10 +27,9 @@ use std::sync::Arc;
 
 use http::header::HeaderValue;
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
-use hyper_util::rt::TokioIo;
 use smallvec::SmallVec;
 
 use self::access_log::Exchange;
@@ -36,12 +38,12 @@ use self::body::read_body;
 use self::checks::FieldScan;
 pub use self::reject::{Cause, Reject, Reports};
 use self::slots::SlotRequests;
-use crate::config::{HeaderMode, StoreFailurePolicy};
+use crate::config::StoreFailurePolicy;
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
 use crate::limit::concurrency::{SlotKey, SlotRequest};
-use crate::limit::{clock, BucketKey, BucketRequest, Charge, Decision, OutcomeRequest, StoreError};
+use crate::limit::{clock, BucketKey, BucketRequest, Decision, StoreError};
 use crate::metrics::{Outcome, StatusClass};
 use crate::respond::{self, FieldValue, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
@@ -556,120 +558,6 @@ impl Gateway {
             response,
             client_upgrade,
         })
-    }
-
-    /// Response hooks: extra charges by status and adaptive errors, recorded in the store that
-    /// decided the request. Awaited before the response goes out, so the client's next
-    /// request already sees them; it costs a store call only on configured statuses.
-    async fn after_response(
-        &self,
-        route: &ServedRoute,
-        buckets: &[BucketRequest<'_>],
-        decider: Decider,
-        status: u16,
-    ) {
-        let requests: Vec<OutcomeRequest<'_>> = buckets
-            .iter()
-            .filter_map(|bucket| {
-                let limit = &route.limits[bucket.route_limit].limit;
-                let (extra, error) = (limit.charge_for(status), limit.is_error(status));
-                (extra > 0.0 || error).then(|| OutcomeRequest {
-                    key: bucket.key.clone(),
-                    charge: Charge {
-                        cost: extra,
-                        ..bucket.charge
-                    },
-                    adaptive: bucket.adaptive,
-                    error,
-                    route_limit: bucket.route_limit,
-                })
-            })
-            .collect();
-        if requests.is_empty() {
-            return;
-        }
-        let tripped = match decider {
-            Decider::Store => self.shared.store.record_outcomes(&requests).await,
-            Decider::Local => Ok(self.shared.local.record_outcomes(&requests)),
-            Decider::Nobody => return,
-        };
-        let tripped = match tripped {
-            Ok(tripped) => tripped,
-            Err(StoreError::Unavailable) => return,
-            Err(error) => {
-                self.shared.store_calls.errors.inc();
-                tracing::warn!(backend = self.shared.store.backend(), %error, "store call failed (response hooks)");
-                return;
-            }
-        };
-        for (request, tripped) in requests.iter().zip(tripped) {
-            let metrics = &route.limits[request.route_limit].metrics;
-            metrics.tokens_consumed.inc_by(request.charge.cost);
-            if tripped {
-                if let Some(penalties) = &metrics.penalties {
-                    penalties.inc();
-                }
-                tracing::info!(route = %route.route.name, limit = %request.key.limit, "adaptive penalty: key tripped");
-            }
-        }
-    }
-
-    /// Completes an upgrade the upstream accepted, strips the response's hop-by-hop fields
-    /// and adds the rate-limit headers.
-    fn finish(
-        &self,
-        forwarded: Forwarded,
-        header_mode: HeaderMode,
-        reports: &Reports<'_>,
-        fields: &mut SetFields,
-    ) -> Result<Response<Body>, Reject> {
-        let Forwarded {
-            mut response,
-            client_upgrade,
-        } = forwarded;
-        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-        if switching {
-            match (
-                client_upgrade,
-                response.extensions_mut().remove::<OnUpgrade>(),
-            ) {
-                (Some((client, expected)), Some(server))
-                    if expected.accepted_by(response.headers()) =>
-                {
-                    // The tunnel counts in flight, and holds its slots, until it closes.
-                    let in_flight = RequestInFlight::new(&self.shared.metrics.inflight);
-                    let slots = response.body_mut().in_flight().slots.take();
-                    self.splice_upgraded(client, server, (in_flight, slots))
-                }
-                _ => return Err(Reject::UpgradeFailed),
-            }
-        }
-        message::remove_hop_by_hop(response.headers_mut(), switching);
-        respond::add_ratelimit_headers(fields, header_mode, reports);
-        Ok(response)
-    }
-
-    /// Copies bytes both ways between an upgraded client and upstream connection.
-    fn splice_upgraded(
-        &self,
-        client: OnUpgrade,
-        server: OnUpgrade,
-        in_flight: (RequestInFlight, Option<slots::Held>),
-    ) {
-        self.shared.tasks.spawn(async move {
-            let _in_flight = in_flight;
-            let (client, server) = match tokio::try_join!(client, server) {
-                Ok(pair) => pair,
-                Err(error) => {
-                    tracing::debug!(%error, "upgrade did not complete");
-                    return;
-                }
-            };
-            let (mut client, mut server) = (TokioIo::new(client), TokioIo::new(server));
-            if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut server).await {
-                tracing::debug!(%error, "upgraded connection ended");
-            }
-        });
     }
 }
 

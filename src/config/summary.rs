@@ -152,7 +152,14 @@ pub(super) fn summary(policy: &Policy) -> String {
                 .collect();
             notes.push(format!("tiers by {source}: {}", tiers.join("; ")));
         }
+        if let Some(max_delay) = limit.max_delay {
+            notes.push(format!(
+                "delays up to {}",
+                humantime::format_duration(max_delay)
+            ));
+        }
         let (rate, refill) = match &limit.calendar {
+            _ if limit.concurrency.is_some() => ("in flight".to_owned(), "-".to_owned()),
             Some(calendar) => (
                 format!("per {}", calendar.period.as_str()),
                 calendar.zone_name.clone(),

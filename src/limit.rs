@@ -21,7 +21,7 @@ pub use adaptive::{AdaptiveParams, AdaptiveState};
 pub use bucket::{BucketState, Charge, QuotaPeriod, Verdict};
 pub use clock::{Clock, Timestamp};
 pub use memory::MemoryStore;
-pub use redis::RedisStore;
+pub use redis::{RedisStore, Refund};
 
 /// A key's parts: one for most limits, two for a composite key, kept inline up to that.
 pub type KeyParts = smallvec::SmallVec<[KeyPart; 2]>;

@@ -255,15 +255,6 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         })
         .map(Arc::new)
         .collect();
-    if store.backend == raw::Backend::Redis {
-        for limit in limits.iter().filter(|limit| limit.max_delay.is_some()) {
-            errors.at(
-                None,
-                format!("limits.{}.on_limit", limit.name),
-                "on_limit = \"delay\" needs the memory store for now: with Redis, refuse (the default)",
-            );
-        }
-    }
     let mut routes = Vec::with_capacity(raw.routes.len());
     let mut route_names = HashSet::new();
     for (index, route) in raw.routes.into_iter().enumerate() {

@@ -2,23 +2,43 @@
 //! them before it goes upstream. Held, it counts as in flight; a client that leaves while held
 //! (the request's future is dropped) gives back every token the request was charged.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limit::{BucketRequest, MemoryStore, OutcomeRequest, Store};
+use crate::limit::{BucketRequest, MemoryStore, OutcomeRequest, Refund, Store};
 use crate::shared::Shared;
 
 /// Tokens a held request was charged, given back unless it goes on.
 struct Booked<'a> {
-    store: Option<&'a MemoryStore>,
-    refund: Vec<OutcomeRequest<'a>>,
+    pending: Option<Pending<'a>>,
+}
+
+enum Pending<'a> {
+    /// Charged in process memory (the memory store, or the local fallback): given back at once.
+    Local(&'a MemoryStore, Vec<OutcomeRequest<'a>>),
+    /// Charged in Redis: given back by a call in the background, as a drop cannot wait.
+    Redis(Arc<Shared>, Refund),
 }
 
 impl Drop for Booked<'_> {
     fn drop(&mut self) {
-        if let Some(store) = self.store {
-            if !self.refund.is_empty() {
-                store.record_outcomes(&self.refund);
+        match self.pending.take() {
+            Some(Pending::Local(store, refund)) => {
+                store.record_outcomes(&refund);
             }
+            Some(Pending::Redis(shared, refund)) => {
+                // Without a runtime (the process is ending) the tokens refill on their own.
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        if let Store::Redis(redis) = &shared.store {
+                            if let Err(error) = redis.give_back(refund).await {
+                                tracing::debug!(%error, "giving a held request's tokens back failed");
+                            }
+                        }
+                    });
+                }
+            }
+            None => {}
         }
     }
 }
@@ -27,37 +47,41 @@ impl Drop for Booked<'_> {
 /// names the buckets (by their route limit) that the decision charged, all of which go back
 /// if the request is dropped while held; `local`: the in-process buckets decided it.
 pub(super) async fn hold(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     local: bool,
     buckets: &[BucketRequest<'_>],
     charged: &[usize],
     delay: f64,
 ) {
-    let store = match &shared.store {
-        _ if local => Some(&shared.local),
-        Store::Memory(memory) => Some(memory),
-        // Configuration keeps delays to the memory store.
-        Store::Redis(_) => None,
+    let charged = buckets
+        .iter()
+        .filter(|bucket| charged.contains(&bucket.route_limit));
+    let pending = match &shared.store {
+        Store::Redis(redis) if !local => Pending::Redis(shared.clone(), redis.refund_of(charged)),
+        Store::Memory(memory) if !local => Pending::Local(memory, refunds(charged)),
+        _ => Pending::Local(&shared.local, refunds(charged)),
     };
     let mut booked = Booked {
-        store,
-        refund: buckets
-            .iter()
-            .filter(|bucket| charged.contains(&bucket.route_limit))
-            .map(|bucket| OutcomeRequest {
-                key: bucket.key.clone(),
-                charge: crate::limit::Charge {
-                    cost: -bucket.charge.cost,
-                    ..bucket.charge
-                },
-                adaptive: bucket.adaptive,
-                error: false,
-                route_limit: bucket.route_limit,
-            })
-            .collect(),
+        pending: Some(pending),
     };
     shared.metrics.delay_seconds.observe(delay);
     tokio::time::sleep(Duration::from_secs_f64(delay.clamp(0.0, 60.0))).await;
     // Waited out: the request goes on and keeps its tokens.
-    booked.refund.clear();
+    booked.pending = None;
+}
+
+/// Outcomes that give back each bucket's cost.
+fn refunds<'a>(buckets: impl Iterator<Item = &'a BucketRequest<'a>>) -> Vec<OutcomeRequest<'a>> {
+    buckets
+        .map(|bucket| OutcomeRequest {
+            key: bucket.key.clone(),
+            charge: crate::limit::Charge {
+                cost: -bucket.charge.cost,
+                ..bucket.charge
+            },
+            adaptive: bucket.adaptive,
+            error: false,
+            route_limit: bucket.route_limit,
+        })
+        .collect()
 }

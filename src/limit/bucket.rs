@@ -119,6 +119,21 @@ impl Verdict {
         }
     }
 
+    /// The verdict for a bucket that booked the tokens it lacked and holds `tokens` (below
+    /// the cost, perhaps below zero) after the charge: the request waits until they refill.
+    pub fn booked(charge: &Charge, tokens: f64) -> Verdict {
+        Verdict {
+            sufficient: false,
+            tokens,
+            wait: charge.wait(tokens + charge.cost),
+            full_in: charge.full_in(tokens),
+            capacity: charge.capacity,
+            rate: charge.rate,
+            observed: true,
+            booked: true,
+        }
+    }
+
     /// `charge` with the capacity and rate that were in force for this bucket.
     pub fn in_force(&self, charge: &Charge) -> Charge {
         Charge {
@@ -347,6 +362,11 @@ mod tests {
         // Half a second on, the debt has shrunk by a token: one more is booked, a second wait.
         let (admitted, verdicts) = run(&[delaying], &mut states, at(0.5));
         assert!(admitted && verdicts[0].booked && verdicts[0].wait == 1.0);
+        assert_eq!(
+            verdicts[0],
+            Verdict::booked(&delaying, -2.0),
+            "a store that reports only the tokens after (Redis) makes the same verdict"
+        );
         // A bucket that refuses does not book, and a request it refuses books nowhere.
         let refusing = charge(2.0, 2.0, 1.0);
         let mut states = [

@@ -5,7 +5,9 @@
 -- ARGV: the deadline of the call in the server's time (microseconds; 0: none): a call that
 --   runs after it was given up on by the gateway (Redis was paused, busy or failing over)
 --   charges nothing and says so. Then the number of shapes, then each shape: its number of buckets n, then per bucket 6
---   values: capacity, rate (tokens per second), cost, enforce (1/0), factor and min_capacity
+--   values: capacity, rate (tokens per second), cost, enforce (1; 0: shadow; a negative
+--   number: enforce, but book tokens the bucket lacks down to that many, `on_limit = "delay"`),
+--   factor and min_capacity
 --   of the limit's adaptive penalty (factor '0': not adaptive). A calendar quota has rate 0,
 --   and in place of factor and min_capacity the end of the period the gateway's clock is in
 --   and the end of the next one (Unix seconds). Then per request: the index of
@@ -20,7 +22,8 @@
 --
 -- A penalised key's capacity and rate are multiplied by factor^level (never below
 -- min_capacity) until `hold`. A request is admitted only if every enforcing bucket holds its
--- cost; then every bucket that can pay is charged. A bucket is written only when charged
+-- cost, or a delaying bucket can book it within its debt; then every bucket that can pay or
+-- book is charged. A bucket is written only when charged
 -- (refill is lazy: an unwritten bucket keeps meaning the same thing), once per batch however
 -- many requests charged it, and expires once it would be full again and its adaptive state no
 -- longer matters.
@@ -28,9 +31,9 @@
 -- Reply: one binary string: the server's time (a little-endian double, microseconds) and a
 -- byte, 1 when the call came after its deadline (then nothing else follows); then per
 -- request: a byte, admitted (1/0), then per bucket: the tokens
--- after (a little-endian double) and a byte: 1 sufficient, 0 not, plus 2 if the key is under
--- an adaptive penalty, in which case the multiplier follows (a double); the requests one after
--- another.
+-- after (a little-endian double) and a byte: 1 sufficient, 0 not, plus 4 if the request
+-- booked the tokens it lacked (it waits for them), plus 2 if the key is under an adaptive
+-- penalty, in which case the multiplier follows (a double); the requests one after another.
 --
 -- This runs inside Redis for every batch, so it is written for Redis's CPU: library functions
 -- held in locals, comparisons instead of math.min/max calls, flat tables, and strings from
@@ -51,7 +54,8 @@ if deadline > 0 and now > deadline then
 end
 
 -- Per shape: { n, then per bucket from (i - 1) * 6 + 1: capacity, rate, cost, enforce (a
--- boolean), factor (false: not adaptive) and min_capacity (as text) }.
+-- boolean, or for a delaying bucket the lowest tokens it may book down to), factor (false: not
+-- adaptive) and min_capacity (as text) }.
 local shapes = {}
 local argument = 3
 for s = 1, tonumber(ARGV[2]) do
@@ -60,7 +64,8 @@ for s = 1, tonumber(ARGV[2]) do
   for i = 1, count do
     local from, to = argument + (i - 1) * 6, (i - 1) * 6 + 1
     shape[to + 1], shape[to + 2] = tonumber(ARGV[from + 1]), tonumber(ARGV[from + 2])
-    shape[to + 3], shape[to + 4] = tonumber(ARGV[from + 3]), ARGV[from + 4] == '1'
+    local enforce = ARGV[from + 4]
+    shape[to + 3], shape[to + 4] = tonumber(ARGV[from + 3]), enforce == '1' or (enforce ~= '0' and tonumber(enforce))
     -- Adaptive numbers are only read for a penalised key.
     shape[to + 5] = ARGV[from + 5] ~= '0' and ARGV[from + 5]
     shape[to + 6] = ARGV[from + 6]
@@ -77,6 +82,7 @@ local seen = { false, false, false, false }
 -- capacity, rate, multiplier, cost.
 local state = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 local sufficient = { false, false, false, false }
+local booked = { false, false, false, false }
 local reply, replied = { pack('<dB', now, 0), '', '', '', '' }, 1
 local arguments = #ARGV
 
@@ -140,9 +146,14 @@ while argument <= arguments do
     local base = (i - 1) * 6
     state[base + 1], state[base + 2], state[base + 3] = entry, current, capacity
     state[base + 4], state[base + 5], state[base + 6] = rate, multiplier, cost
-    sufficient[i] = current >= cost
-    if not sufficient[i] and shape[at + 4] then
-      admitted = false
+    local enforce = shape[at + 4]
+    sufficient[i], booked[i] = current >= cost, false
+    if not sufficient[i] and enforce then
+      if enforce ~= true and current - cost >= enforce then
+        booked[i] = true
+      else
+        admitted = false
+      end
     end
   end
 
@@ -151,8 +162,7 @@ while argument <= arguments do
   for i = 1, count do
     local base = (i - 1) * 6
     local entry, tokens = state[base + 1], state[base + 2]
-    local charged = admitted and sufficient[i]
-    if charged then
+    if admitted and (sufficient[i] or booked[i]) then
       tokens = tokens - state[base + 6]
       local expire_ms
       if entry[8] then
@@ -168,10 +178,11 @@ while argument <= arguments do
     entry[1] = tokens
     local multiplier = state[base + 5]
     replied = replied + 1
+    local flags = sufficient[i] and 1 or (admitted and booked[i] and 4 or 0)
     if multiplier == 1 then
-      reply[replied] = pack('<dB', tokens, sufficient[i] and 1 or 0)
+      reply[replied] = pack('<dB', tokens, flags)
     else
-      reply[replied] = pack('<dBd', tokens, sufficient[i] and 3 or 2, multiplier)
+      reply[replied] = pack('<dBd', tokens, flags + 2, multiplier)
     end
   end
   argument = argument + 1 + count

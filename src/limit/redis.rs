@@ -30,6 +30,7 @@ mod cluster;
 mod decide_call;
 mod key_admin;
 mod keys;
+mod refund;
 mod server_clock;
 mod slots;
 
@@ -37,6 +38,7 @@ use batch::Batcher;
 use decide_call::{BucketArguments, Shape};
 pub use keys::slot;
 use keys::{group_by_slot, StoreKeys};
+pub use refund::Refund;
 use server_clock::{LateCalls, ServerClock};
 
 use super::breaker::{Breaker, CircuitState};
@@ -258,7 +260,8 @@ impl RedisStore {
         call.success();
         for ((request, key), verdict) in requests.iter().zip(keys.iter()).zip(decision.verdicts()) {
             // A quota's count only starts over with its period: not the deny cache's arithmetic.
-            if !verdict.sufficient && request.charge.period.is_none() {
+            let refused = !verdict.sufficient && !verdict.booked;
+            if refused && request.charge.period.is_none() {
                 self.deny_cache.remember(
                     key,
                     verdict.tokens,
@@ -284,9 +287,11 @@ impl RedisStore {
             .zip(keys.iter())
             .map(|(request, key)| {
                 let charge = &request.charge;
+                // A delaying bucket refuses only once its debt is booked up.
+                let needed = charge.cost - charge.debt;
                 match charge
                     .enforce
-                    .then(|| self.deny_cache.insufficient(key, charge.cost, now))
+                    .then(|| self.deny_cache.insufficient(key, needed, now))
                     .flatten()
                 {
                     Some(tokens) => {
@@ -331,9 +336,7 @@ impl RedisStore {
         let verdicts = requests
             .iter()
             .zip(reply.buckets)
-            .map(|(request, (tokens, sufficient, multiplier))| {
-                Verdict::observed(&request.charge.scaled(multiplier), tokens, sufficient)
-            })
+            .map(|(request, bucket)| bucket.verdict(&request.charge))
             .collect();
         let decision = Decision::new(reply.admitted, verdicts);
         Ok((keys, decision))
@@ -588,18 +591,4 @@ impl redis::ToRedisArgs for Number {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use redis::ToRedisArgs;
-
-    #[test]
-    fn whole_numbers_go_to_redis_as_integers_and_the_rest_as_floats() {
-        let text = |value: f64| String::from_utf8(Number(value).to_redis_args().remove(0)).unwrap();
-        assert_eq!(text(1e12), "1000000000000");
-        assert_eq!(text(-3.0), "-3");
-        assert_eq!(text(0.0), "0");
-        assert_eq!(text(0.25), "0.25");
-        assert_eq!(text(2.5e-7), "2.5e-7");
-        assert_eq!(text(1e300).parse::<f64>().unwrap(), 1e300);
-    }
-}
+mod tests;

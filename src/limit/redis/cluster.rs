@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::decide_call::{read_late_reply, BucketArguments, DecideCall, RequestReply, Shape};
 use super::keys::{group_by_slot, StoreKeys};
-use super::{script_command, Cluster, Connection, Number, RedisStore};
+use super::{Cluster, Connection, RedisStore};
 use crate::limit::{BucketRequest, Charge, Decision, StoreError, Verdict, Verdicts};
 
 impl RedisStore {
@@ -38,9 +38,8 @@ impl RedisStore {
             if reply.admitted {
                 charged_groups.push(group);
             }
-            for (index, (tokens, sufficient, multiplier)) in group.iter().zip(reply.buckets) {
-                let charge = requests[*index].charge.scaled(multiplier);
-                verdicts[*index] = Verdict::observed(&charge, tokens, sufficient);
+            for (index, bucket) in group.iter().zip(reply.buckets) {
+                verdicts[*index] = bucket.verdict(&requests[*index].charge);
             }
         }
         if !admitted && !charged_groups.is_empty() {
@@ -48,7 +47,7 @@ impl RedisStore {
             let refunds = charged_groups.iter().map(|group| {
                 let charged: Vec<(usize, Charge)> = group
                     .iter()
-                    .filter(|index| verdicts[**index].sufficient)
+                    .filter(|index| verdicts[**index].sufficient || verdicts[**index].booked)
                     .map(|index| (*index, verdicts[*index].in_force(&requests[*index].charge)))
                     .collect();
                 self.call_refund(keys, charged)
@@ -64,9 +63,10 @@ impl RedisStore {
             for group in charged_groups {
                 for index in group {
                     let verdict = &mut verdicts[*index];
-                    if verdict.sufficient {
+                    if verdict.sufficient || verdict.booked {
                         let charge = verdict.in_force(&requests[*index].charge);
-                        *verdict = Verdict::observed(&charge, verdict.tokens + charge.cost, true);
+                        let tokens = verdict.tokens + charge.cost;
+                        *verdict = Verdict::observed(&charge, tokens, verdict.sufficient);
                     }
                 }
             }
@@ -99,27 +99,6 @@ impl RedisStore {
         replies
             .pop()
             .ok_or_else(|| StoreError::Reply("an empty script reply".to_owned()))
-    }
-
-    /// Gives back the cost of each `(bucket, charge in force)`.
-    async fn call_refund(
-        &self,
-        keys: &StoreKeys,
-        charged: Vec<(usize, Charge)>,
-    ) -> Result<(), StoreError> {
-        if charged.is_empty() {
-            return Ok(());
-        }
-        let group: Vec<usize> = charged.iter().map(|(index, _)| *index).collect();
-        let command = script_command(&self.refund, keys, &group, None, |command, position| {
-            let charge = &charged[position].1;
-            command
-                .arg(Number(charge.capacity))
-                .arg(Number(charge.rate))
-                .arg(Number(charge.cost));
-        });
-        let _: i64 = self.send(&self.refund, command).await?;
-        Ok(())
     }
 
     pub(super) async fn cluster(&self) -> Result<ClusterConnection, StoreError> {

@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use super::server_clock::{LateCalls, ServerClock};
 use super::Number;
-use crate::limit::{BucketRequest, StoreError};
+use crate::limit::{BucketRequest, Charge, StoreError, Verdict};
 
 /// What `decide.lua` needs to know of one bucket besides its key.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -17,6 +17,8 @@ pub(super) struct BucketArguments {
     rate: f64,
     cost: f64,
     enforce: bool,
+    /// Tokens a delaying bucket may book below zero (`on_limit = "delay"`); 0: none.
+    debt: f64,
     /// 0: not adaptive. For a quota: the end of its period (Unix seconds).
     factor: f64,
     /// For a quota: the end of the next period.
@@ -35,6 +37,7 @@ impl BucketArguments {
             rate: request.charge.rate,
             cost: request.charge.cost,
             enforce: request.charge.enforce,
+            debt: request.charge.debt,
             factor,
             min_capacity,
         }
@@ -48,8 +51,31 @@ pub(super) type Shape = SmallVec<[BucketArguments; 4]>;
 #[derive(Debug, PartialEq)]
 pub(super) struct RequestReply {
     pub admitted: bool,
-    /// (tokens after, sufficient, adaptive multiplier) per bucket of the request.
-    pub buckets: Vec<(f64, bool, f64)>,
+    pub buckets: Vec<BucketReply>,
+}
+
+/// What `decide.lua` says of one bucket of a request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct BucketReply {
+    /// Tokens after the decision.
+    pub tokens: f64,
+    pub sufficient: bool,
+    /// The request booked the tokens it lacked and waits for them.
+    pub booked: bool,
+    /// The key's adaptive penalty (1: none).
+    pub multiplier: f64,
+}
+
+impl BucketReply {
+    /// The verdict for the bucket that `charge` (as configured) describes.
+    pub(super) fn verdict(&self, charge: &Charge) -> Verdict {
+        let charge = charge.scaled(self.multiplier);
+        if self.booked {
+            Verdict::booked(&charge, self.tokens)
+        } else {
+            Verdict::observed(&charge, self.tokens, self.sufficient)
+        }
+    }
 }
 
 /// One `decide.lua` call being put together: each key is sent once, and so is each shape (the
@@ -135,7 +161,7 @@ impl<'a> DecideCall<'a> {
                     .arg(Number(bucket.capacity))
                     .arg(Number(bucket.rate))
                     .arg(Number(bucket.cost))
-                    .arg(u8::from(bucket.enforce))
+                    .arg(Enforce(bucket))
                     .arg(Number(bucket.factor))
                     .arg(Number(bucket.min_capacity));
             }
@@ -149,8 +175,8 @@ impl<'a> DecideCall<'a> {
 
     /// Reads the reply: the server's time, a byte (1: the call was late, and nothing follows);
     /// then per request, a byte for admitted, then per bucket the tokens after (a
-    /// little-endian double) and a byte: 1 sufficient, 0 not, plus 2 when the adaptive
-    /// multiplier (a double) follows.
+    /// little-endian double) and a byte: 1 sufficient, 4 booked, 0 neither, plus 2 when the
+    /// adaptive multiplier (a double) follows.
     pub(super) fn parse_reply(&self, reply: &[u8]) -> Result<CallReply, StoreError> {
         let malformed = || StoreError::Reply(format!("{reply:?}"));
         let mut fields = ReplyReader(reply);
@@ -174,12 +200,23 @@ impl<'a> DecideCall<'a> {
             let mut buckets = Vec::with_capacity(*count);
             for _ in 0..*count {
                 let tokens = fields.number().ok_or_else(malformed)?;
-                let (sufficient, multiplier) = match fields.byte().ok_or_else(malformed)? {
-                    flags @ 0..=1 => (flags == 1, 1.0),
-                    flags @ 2..=3 => (flags == 3, fields.number().ok_or_else(malformed)?),
+                let flags = fields.byte().ok_or_else(malformed)?;
+                let (sufficient, booked) = match flags & !2 {
+                    0 => (false, false),
+                    1 => (true, false),
+                    4 if admitted => (false, true),
                     _ => return Err(malformed()),
                 };
-                buckets.push((tokens, sufficient, multiplier));
+                let multiplier = match flags & 2 {
+                    0 => 1.0,
+                    _ => fields.number().ok_or_else(malformed)?,
+                };
+                buckets.push(BucketReply {
+                    tokens,
+                    sufficient,
+                    booked,
+                    multiplier,
+                });
             }
             parsed.push(RequestReply { admitted, buckets });
         }
@@ -228,6 +265,23 @@ pub(super) fn read_late_reply(
     }
 }
 
+/// A bucket's enforce argument: 1, 0 for shadow, or for a delaying bucket the (negative)
+/// tokens it may book down to.
+struct Enforce<'a>(&'a BucketArguments);
+
+impl redis::ToRedisArgs for Enforce<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        match self.0 {
+            BucketArguments { enforce: false, .. } => out.write_arg(b"0"),
+            BucketArguments { debt, .. } if *debt > 0.0 => Number(-debt).write_redis_args(out),
+            _ => out.write_arg(b"1"),
+        }
+    }
+}
+
 /// The reply of one `decide.lua` call.
 #[derive(Debug, PartialEq)]
 pub(super) struct CallReply {
@@ -265,8 +319,18 @@ mod tests {
             rate: 1.0,
             cost,
             enforce: true,
+            debt: 0.0,
             factor: 0.0,
             min_capacity: 0.0,
+        }
+    }
+
+    fn bucket_reply(tokens: f64, sufficient: bool, booked: bool, multiplier: f64) -> BucketReply {
+        BucketReply {
+            tokens,
+            sufficient,
+            booked,
+            multiplier,
         }
     }
 
@@ -284,21 +348,33 @@ mod tests {
     fn keys_and_shapes_are_sent_once_each() {
         let login = [bucket(5.0, 1.0), bucket(100.0, 2.5)];
         let search = [bucket(5.0, 1.0)];
+        let smoothed = [
+            BucketArguments {
+                debt: 2.5,
+                ..bucket(5.0, 1.0)
+            },
+            BucketArguments {
+                enforce: false,
+                ..bucket(5.0, 1.0)
+            },
+        ];
         let mut call = DecideCall::new();
         call.push(["per_ip:a", "global"], &login);
         call.push(["per_ip:b", "global"], &login);
         call.push(["per_ip:a"], &search);
+        call.push(["per_ip:b", "global"], &smoothed);
         let script = Script::new("return 1");
         let sent = arguments(&call.command(&script, 1_700_000_000_000_000));
         let expected = [
             format!("EVALSHA {} 3 per_ip:a global per_ip:b", script.get_hash()),
             // The call's deadline in the server's time.
             "1700000000000000".to_owned(),
-            // Two shapes: login's two buckets, then search's one (capacity, rate, cost,
-            // enforce, factor, min_capacity).
-            "2 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0".to_owned(),
+            // Three shapes: login's two buckets, then search's one (capacity, rate, cost,
+            // enforce, factor, min_capacity), then a delaying bucket (enforce: the tokens it
+            // may book down to) beside a shadow one.
+            "3 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0 2 5 1 1 -2.5 0 0 5 1 1 0 0 0".to_owned(),
             // Per request: its shape, then its keys.
-            "1 1 2 1 3 2 2 1".to_owned(),
+            "1 1 2 1 3 2 2 1 3 3 2".to_owned(),
         ];
         assert_eq!(sent.join(" "), expected.join(" "));
     }
@@ -332,11 +408,14 @@ mod tests {
                 requests: Some(vec![
                     RequestReply {
                         admitted: true,
-                        buckets: vec![(4.5, true, 1.0), (0.0, false, 0.5)],
+                        buckets: vec![
+                            bucket_reply(4.5, true, false, 1.0),
+                            bucket_reply(0.0, false, false, 0.5)
+                        ],
                     },
                     RequestReply {
                         admitted: false,
-                        buckets: vec![(3.0, false, 1.0)],
+                        buckets: vec![bucket_reply(3.0, false, false, 1.0)],
                     },
                 ]),
             }
@@ -360,8 +439,13 @@ mod tests {
             "leftover bytes"
         );
         let mut bad_flag = reply.clone();
-        bad_flag[18] = 4;
-        assert!(call.parse_reply(&bad_flag).is_err(), "flags are 0 to 3");
+        bad_flag[18] = 8;
+        assert!(call.parse_reply(&bad_flag).is_err(), "flags are 1, 2 and 4");
+        bad_flag[18] = 5;
+        assert!(
+            call.parse_reply(&bad_flag).is_err(),
+            "a bucket that held its cost booked nothing"
+        );
         bad_flag[18] = 2;
         assert!(
             call.parse_reply(&bad_flag).is_err(),
@@ -372,6 +456,54 @@ mod tests {
         assert!(
             call.parse_reply(&bad_admitted).is_err(),
             "admitted is 0 or 1"
+        );
+    }
+
+    #[test]
+    fn a_booked_bucket_is_read_only_for_an_admitted_request() {
+        let delaying = [BucketArguments {
+            debt: 2.0,
+            ..bucket(2.0, 1.0)
+        }];
+        let mut call = DecideCall::new();
+        call.push(["a"], &delaying);
+        let double = |value: f64| value.to_le_bytes().to_vec();
+        let booked = [double(1.7e15), vec![0], vec![1], double(-1.0), vec![4]].concat();
+        let requests = call.parse_reply(&booked).unwrap().requests.unwrap();
+        assert_eq!(
+            requests[0].buckets,
+            vec![bucket_reply(-1.0, false, true, 1.0)]
+        );
+        let charge = Charge {
+            capacity: 2.0,
+            rate: 2.0,
+            cost: 1.0,
+            enforce: true,
+            period: None,
+            debt: 2.0,
+        };
+        let verdict = requests[0].buckets[0].verdict(&charge);
+        assert!(verdict.booked && !verdict.sufficient);
+        assert_eq!(verdict.wait, 0.5, "a token at 2 a second");
+        let penalised = [
+            double(1.7e15),
+            vec![0],
+            vec![1],
+            double(-1.0),
+            vec![6],
+            double(0.5),
+        ]
+        .concat();
+        let requests = call.parse_reply(&penalised).unwrap().requests.unwrap();
+        assert_eq!(
+            requests[0].buckets[0].verdict(&charge).wait,
+            1.0,
+            "half the rate"
+        );
+        let refused_but_booked = [double(1.7e15), vec![0], vec![0], double(-1.0), vec![4]].concat();
+        assert!(
+            call.parse_reply(&refused_but_booked).is_err(),
+            "a refused request books nothing"
         );
     }
 }

@@ -2,19 +2,21 @@
 //! rejects it with a [`Reject`]; `respond::rejection` renders every rejection in one place.
 //!
 //! ```text
-//! handle ─ route ─ client_address ─ read_body ─ bucket_requests ─ slots ─ decide ─ (delay) ─ forward ─ after_response ─ finish
-//!           400/405/431/404    400         413/400       400/401        429     429/503    502/504                502
+//! handle ─ route ─ client_address ─ read_body ─ bucket_requests ─ decide ─ (delay) ─ forward ─ after_response ─ finish
+//!           400/405/431/404    400         413/400       400/401       429/503            502/504                502
 //! ```
 //!
 //! Every request leaves one access-log line and its counters. Beside this file: the phases of
-//! their own, `slots.rs`, `delay.rs`, `outcomes.rs` (after_response) and `finish.rs`; and the
-//! pure parts, `checks.rs` (the request head), `accounting.rs` (what a decision means),
-//! `reject.rs` (why a request ends early), `access_log.rs` (the log line).
+//! their own, `decide.rs` (with `slots.rs`, the concurrency slots it takes), `delay.rs`,
+//! `outcomes.rs` (after_response) and `finish.rs`; and the pure parts, `checks.rs` (the
+//! request head), `accounting.rs` (what a decision means), `reject.rs` (why a request ends
+//! early), `access_log.rs` (the log line).
 
 mod access_log;
 pub mod accounting;
 mod body;
 mod checks;
+mod decide;
 mod delay;
 mod finish;
 mod outcomes;
@@ -33,18 +35,17 @@ use hyper::upgrade::OnUpgrade;
 use smallvec::SmallVec;
 
 use self::access_log::Exchange;
-use self::accounting::BucketAccount;
 use self::body::read_body;
 use self::checks::FieldScan;
+use self::decide::Decider;
 pub use self::reject::{Cause, Reject, Reports};
 use self::slots::SlotRequests;
-use crate::config::StoreFailurePolicy;
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
 use crate::limit::concurrency::{SlotKey, SlotRequest};
-use crate::limit::{clock, BucketKey, BucketRequest, Decision, StoreError};
-use crate::metrics::{Outcome, StatusClass};
+use crate::limit::{clock, BucketKey, BucketRequest};
+use crate::metrics::StatusClass;
 use crate::respond::{self, FieldValue, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
 use crate::shared::Shared;
@@ -101,26 +102,6 @@ struct Routed<'r> {
 
 /// A request's buckets, one per applicable limit, inline for the usual handful.
 type Buckets<'r> = SmallVec<[BucketRequest<'r>; 4]>;
-
-/// A request its limits let through, and on what grounds.
-struct Admission {
-    outcome: Outcome,
-    decider: Decider,
-    /// Seconds to hold the request for tokens it booked (`on_limit = "delay"`), and the
-    /// route limits whose buckets the decision charged.
-    delay: f64,
-    charged: SmallVec<[usize; 4]>,
-}
-
-/// Which store took a request's decision (and so receives its response hooks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Decider {
-    Store,
-    /// The in-process buckets of `on_store_failure = "local"`.
-    Local,
-    /// No bucket applied, or the store failed on an `allow` route.
-    Nobody,
-}
 
 /// An upstream response, and the client's side of an upgrade it may complete with what its
 /// 101 must say.
@@ -256,16 +237,10 @@ impl Gateway {
         if access_log::enabled() {
             exchange.keys = Some(access_log::keys(&buckets));
         }
-        // Slots first: a request refused by one is charged no token, and one refused by a
-        // bucket gives its slots back (dropped with `held`).
-        let held = slots::take(&self.shared, routed.route, &slot_requests, reports)
+        let admission = match self
+            .decide(routed.route, &buckets, &slot_requests, exchange, reports)
             .await
-            .inspect_err(|_| {
-                if access_log::enabled() {
-                    exchange.limit = Some(accounting::refusing(reports));
-                }
-            })?;
-        let admission = match self.decide(routed.route, &buckets, exchange, reports).await {
+        {
             Ok(admission) => admission,
             Err(reject) => {
                 // Refusals come in floods: the request's map can hold the next request's head.
@@ -287,7 +262,7 @@ impl Gateway {
         }
         let mut forwarded = self.forward(routed, parts, body, exchange).await?;
         // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
-        forwarded.response.body_mut().in_flight().slots = held;
+        forwarded.response.body_mut().in_flight().slots = admission.slots;
         let status = forwarded.response.status().as_u16();
         self.after_response(routed.route, &buckets, admission.decider, status)
             .await;
@@ -409,86 +384,6 @@ impl Gateway {
         }
     }
 
-    /// One decision for all of the request's buckets: from the store, or as the route's
-    /// `on_store_failure` says when the store fails. Counts it in the limits' metrics.
-    async fn decide<'r>(
-        &self,
-        route: &'r ServedRoute,
-        buckets: &[BucketRequest<'r>],
-        exchange: &mut Exchange,
-        reports: &mut Reports<'r>,
-    ) -> Result<Admission, Reject> {
-        let admitted_unlimited = |outcome| Admission {
-            outcome,
-            decider: Decider::Nobody,
-            delay: 0.0,
-            charged: SmallVec::new(),
-        };
-        if buckets.is_empty() {
-            return Ok(admitted_unlimited(Outcome::Allowed));
-        }
-        let (decision, decider) = match self.store_decision(buckets).await {
-            Ok(decision) => (decision, Decider::Store),
-            Err(_) => {
-                route.metrics.degraded.inc();
-                match route.route.on_store_failure {
-                    StoreFailurePolicy::Allow => {
-                        return Ok(admitted_unlimited(Outcome::DegradedAllowed))
-                    }
-                    StoreFailurePolicy::Deny => return Err(Reject::StoreUnavailable),
-                    StoreFailurePolicy::Local => {
-                        (self.shared.local.decide(buckets), Decider::Local)
-                    }
-                }
-            }
-        };
-        let mut charged = SmallVec::new();
-        let accounting = accounting::account(buckets, &decision, reports, |share| {
-            if share.charged > 0.0 {
-                charged.push(share.route_limit);
-            }
-            record_share(route, share)
-        });
-        if !accounting.admitted {
-            if access_log::enabled() {
-                exchange.limit = Some(accounting::refusing(reports));
-            }
-            tracing::debug!(route = %route.route.name, limits = %accounting::refusing(reports), "refused");
-            return Err(Reject::Limited);
-        }
-        let outcome = match decider {
-            Decider::Local => Outcome::DegradedAllowed,
-            _ if accounting.shadow_refused => Outcome::ShadowLimited,
-            _ => Outcome::Allowed,
-        };
-        Ok(Admission {
-            outcome,
-            decider,
-            delay: accounting.delay,
-            charged,
-        })
-    }
-
-    /// The store's decision; a failure is timed, counted and logged here (an open circuit,
-    /// which made no call, only timed).
-    async fn store_decision(&self, buckets: &[BucketRequest<'_>]) -> Result<Decision, StoreError> {
-        let store = &self.shared.store;
-        let calls = &self.shared.store_calls;
-        let started = clock::instant();
-        let result = store.decide(buckets).await;
-        calls
-            .duration
-            .observe(clock::elapsed(started).as_secs_f64());
-        match &result {
-            Err(StoreError::Unavailable) | Ok(_) => {}
-            Err(error) => {
-                calls.errors.inc();
-                tracing::warn!(backend = store.backend(), %error, "store call failed");
-            }
-        }
-        result
-    }
-
     /// Sends the admitted request upstream and waits for the response head.
     async fn forward(
         &self,
@@ -558,23 +453,6 @@ impl Gateway {
             response,
             client_upgrade,
         })
-    }
-}
-
-/// Records a bucket's share of a decision in the metrics of its limit.
-fn record_share(route: &ServedRoute, share: BucketAccount) {
-    let metrics = &route.limits[share.route_limit].metrics;
-    metrics.fill_ratio.observe(share.fill_ratio);
-    if share.charged > 0.0 {
-        metrics.tokens_consumed.inc_by(share.charged);
-    }
-    if share.refused {
-        metrics.limited.inc();
-    }
-    if share.delayed {
-        if let Some(delayed) = &metrics.delayed {
-            delayed.inc();
-        }
     }
 }
 

@@ -332,7 +332,7 @@ async fn a_client_that_leaves_while_held_gives_its_tokens_back_in_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_booking_is_given_back_when_a_cluster_slot_refuses_the_request() {
+async fn a_booking_and_a_lease_are_given_back_when_a_cluster_slot_refuses_the_request() {
     let cluster = common::redis_server::RedisCluster::start();
     let upstream = start_upstream().await;
     let slot = |name: &str| tollgate::limit::redis::slot(format!("tg:{name}:global").as_bytes());
@@ -341,6 +341,12 @@ async fn a_booking_is_given_back_when_a_cluster_slot_refuses_the_request() {
     let refusing = *names
         .iter()
         .find(|name| slot(name) != slot(delaying))
+        .unwrap();
+    let slots_key = |name: &str| format!("tg:{name}:global:slots");
+    let cluster_slot = |key: &str| tollgate::limit::redis::slot(key.as_bytes());
+    let leasing = *names
+        .iter()
+        .find(|name| cluster_slot(&slots_key(name)) != slot(refusing))
         .unwrap();
     let text = format!(
         r#"
@@ -366,11 +372,15 @@ key = "global"
 capacity = 1
 rate = "1/h"
 
+[limits.{leasing}_slots]
+key = "global"
+concurrency = 2
+
 [[routes]]
 name = "both"
 path_prefix = "/"
 upstream = "app"
-limits = ["{delaying}", "{refusing}"]
+limits = ["{delaying}", "{refusing}", "{leasing}_slots"]
 "#,
         url = cluster.url()
     );
@@ -386,5 +396,106 @@ limits = ["{delaying}", "{refusing}"]
     assert!(
         (0.0..0.5).contains(&tokens),
         "the refused request's booking was given back: {tokens}"
+    );
+    // So was the lease its concurrency limit's slot took (the first request's goes back
+    // when its response ends); left behind, it would stay a minute.
+    let key = slots_key(&format!("{leasing}_slots"));
+    let node = &cluster.nodes[cluster.master_of(cluster_slot(&key))];
+    eventually("every lease is given back", || {
+        node.cli(&["ZCARD", &key]).trim() == "0"
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_and_tokens_are_taken_all_or_none_in_one_call() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let text = store(&redis)
+        + r#"
+[limits.exports]
+key = { header = "x-user" }
+concurrency = 1
+
+[limits.hourly]
+key = { header = "x-user" }
+capacity = 2
+rate = "1/h"
+
+[[routes]]
+name = "exports"
+path_prefix = "/"
+upstream = "app"
+limits = ["exports", "hourly"]
+"#;
+    let gateway = start_gateway(&text, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let admin = HttpClient::new(gateway.admin_address);
+    let tokens = |user: &'static str| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .get(&format!("/limits/hourly?key={user}"), &[])
+                .await
+                .json()["tokens"]
+                .as_f64()
+                .unwrap()
+        }
+    };
+    let slots = format!("tollgate:exports:{}:slots", ann_key());
+
+    // Ann's one slot is held: her second export is refused by it, and charged no token.
+    let (status, held) = export(gateway.addresses[0], "ann").await;
+    assert_eq!(status, 200);
+    let (status, _) = export(gateway.addresses[0], "ann").await;
+    assert_eq!(status, 429, "no slot free");
+    let left = tokens("ann").await;
+    assert!(
+        (1.0..1.01).contains(&left),
+        "the refused export was charged nothing: {left} left"
+    );
+    drop(held);
+    eventually("ann's slot is given back", || {
+        redis.cli(&["ZCARD", &slots]).trim() == "0"
+    })
+    .await;
+    // Her last token goes; then the bucket refuses, and takes no slot.
+    assert_eq!(client.get("/", &[("x-user", "ann")]).await.status, 200);
+    eventually("ann's slot is given back", || {
+        redis.cli(&["ZCARD", &slots]).trim() == "0"
+    })
+    .await;
+    let before = (redis.calls("evalsha"), redis.calls("zadd"));
+    assert_eq!(client.get("/", &[("x-user", "ann")]).await.status, 429);
+    assert_eq!(
+        (
+            redis.calls("evalsha") - before.0,
+            redis.calls("zadd") - before.1
+        ),
+        (1, 0),
+        "refused by the bucket in the one call, no lease taken"
+    );
+    assert_eq!(redis.cli(&["ZCARD", &slots]).trim(), "0");
+
+    // Calls per admitted request: the decision (tokens and lease together) and the give-back.
+    let before: Vec<u64> = ["evalsha", "eval", "zrem"]
+        .iter()
+        .map(|command| redis.calls(command))
+        .collect();
+    for index in 0..20 {
+        let user = format!("user{index}");
+        assert_eq!(client.get("/", &[("x-user", &user)]).await.status, 200);
+    }
+    eventually("every lease is given back", || {
+        redis.calls("zrem") - before[2] == 20
+    })
+    .await;
+    assert_eq!(
+        (
+            redis.calls("evalsha") - before[0],
+            redis.calls("eval") - before[1]
+        ),
+        (20, 0),
+        "one script call per request takes both its slot and its token"
     );
 }

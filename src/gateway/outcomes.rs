@@ -1,7 +1,8 @@
 //! The response hooks: what a response's status charges (`charge_on_status`) and whether it
 //! counts as an error for a key's adaptive penalty, recorded in the store that decided.
 
-use super::{Decider, Gateway};
+use super::decide::Decider;
+use super::Gateway;
 use crate::limit::{BucketRequest, Charge, OutcomeRequest, StoreError};
 use crate::runtime::ServedRoute;
 

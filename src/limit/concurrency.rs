@@ -32,6 +32,26 @@ pub struct SlotRequest {
     pub route_limit: usize,
 }
 
+/// A request's slots to be taken as leases in the store's decision itself (Redis): each
+/// concurrency limit's sorted set gets a lease in the request's name when the request is
+/// admitted, in the same script call that charges its buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct Leasing<'a> {
+    /// The leases' name: unique to the request.
+    pub name: &'a str,
+    pub slots: &'a [SlotRequest],
+}
+
+/// What a decision did with a request's [`Leasing`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leased {
+    /// Every lease taken; the slots each limit has free after this request.
+    Taken(SmallVec<[u32; 2]>),
+    /// None taken (or all given back): the slot request that had no slot free, or `None`
+    /// when a bucket refused, or no slot was asked for.
+    NotTaken(Option<usize>),
+}
+
 /// Slots in use, per key.
 #[derive(Debug, Default)]
 pub struct Slots {

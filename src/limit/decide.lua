@@ -1,37 +1,40 @@
 -- A batch of requests (all in one slot), each decided against all of its buckets in one
 -- indivisible step, one request after another, as if each were its own call at the same time.
 --
--- KEYS: the bucket keys of the batch, each once.
+-- KEYS: the keys of the batch's buckets and concurrency slots, each once.
 -- ARGV: the deadline of the call in the server's time (microseconds; 0: none): a call that
 --   runs after it was given up on by the gateway (Redis was paused, busy or failing over)
---   charges nothing and says so. Then the number of shapes, then each shape: its number of buckets n, then per bucket 6
---   values: capacity, rate (tokens per second), cost, enforce (1; 0: shadow; a negative
---   number: enforce, but book tokens the bucket lacks down to that many, `on_limit = "delay"`),
---   factor and min_capacity
---   of the limit's adaptive penalty (factor '0': not adaptive). A calendar quota has rate 0,
---   and in place of factor and min_capacity the end of the period the gateway's clock is in
---   and the end of the next one (Unix seconds). Then per request: the index of
---   its shape, then for each of the shape's buckets the index of its key in KEYS.
---   Requests of one route share a shape: its numbers are sent, and read, once per batch.
+--   charges nothing and says so. Then the number of shapes, then each shape: its number of
+--   buckets n, then per bucket 6 values: capacity, rate (tokens per second), cost, enforce (1;
+--   0: shadow; a negative number: enforce, but book tokens the bucket lacks down to that many,
+--   `on_limit = "delay"`), factor and min_capacity of the limit's adaptive penalty (factor
+--   '0': not adaptive). A calendar quota has rate 0, and in place of factor and min_capacity
+--   the end of the period the gateway's clock is in and the end of the next one (Unix
+--   seconds). A concurrency limit's slots have enforce 'lease', capacity the number of slots,
+--   rate the lease in milliseconds. Then per request: the index of its shape, then for each of
+--   the shape's buckets the index of its key in KEYS, then, if the shape has slots, the name
+--   of the request's lease. Requests of one route share a shape: its numbers are sent, and
+--   read, once per batch.
 -- State per bucket: a hash {tokens, ts} where ts is the Redis server's time in microseconds,
 -- plus, for keys of adaptive limits, {level, hold, errors, keep} written by outcome.lua. A
 -- quota's hash is {tokens, p}: p is the end of the period its count belongs to (the server's
 -- clock picks which of the two periods the gateway names); another period's count is a full
--- quota, and the key expires when its period ends.
+-- quota, and the key expires when its period ends. A key's concurrency slots are a sorted set
+-- of leases scored by when they expire (ms); expired ones are dropped as the set is read.
 -- The time is the server's (TIME), so replicas with skewed clocks agree.
 --
 -- A penalised key's capacity and rate are multiplied by factor^level (never below
 -- min_capacity) until `hold`. A request is admitted only if every enforcing bucket holds its
--- cost, or a delaying bucket can book it within its debt; then every bucket that can pay or
--- book is charged. A bucket is written only when charged
--- (refill is lazy: an unwritten bucket keeps meaning the same thing), once per batch however
--- many requests charged it, and expires once it would be full again and its adaptive state no
--- longer matters.
+-- cost, or a delaying bucket can book it within its debt, and every concurrency limit has a
+-- slot free; then every bucket that can pay or book is charged, and a lease taken of each
+-- concurrency limit. A bucket is written only when charged (refill is lazy: an unwritten
+-- bucket keeps meaning the same thing), once per batch however many requests charged it, and
+-- expires once it would be full again and its adaptive state no longer matters.
 --
 -- Reply: one binary string: the server's time (a little-endian double, microseconds) and a
 -- byte, 1 when the call came after its deadline (then nothing else follows); then per
--- request: a byte, admitted (1/0), then per bucket: the tokens
--- after (a little-endian double) and a byte: 1 sufficient, 0 not, plus 4 if the request
+-- request: a byte, admitted (1/0), then per bucket: the tokens after (for slots: the slots
+-- free after; a little-endian double) and a byte: 1 sufficient, 0 not, plus 4 if the request
 -- booked the tokens it lacked (it waits for them), plus 2 if the key is under an adaptive
 -- penalty, in which case the multiplier follows (a double); the requests one after another.
 --
@@ -65,7 +68,12 @@ for s = 1, tonumber(ARGV[2]) do
     local from, to = argument + (i - 1) * 6, (i - 1) * 6 + 1
     shape[to + 1], shape[to + 2] = tonumber(ARGV[from + 1]), tonumber(ARGV[from + 2])
     local enforce = ARGV[from + 4]
-    shape[to + 3], shape[to + 4] = tonumber(ARGV[from + 3]), enforce == '1' or (enforce ~= '0' and tonumber(enforce))
+    if enforce == 'lease' then
+      shape.leases = true
+    else
+      enforce = enforce == '1' or (enforce ~= '0' and tonumber(enforce))
+    end
+    shape[to + 3], shape[to + 4] = tonumber(ARGV[from + 3]), enforce
     -- Adaptive numbers are only read for a penalised key.
     shape[to + 5] = ARGV[from + 5] ~= '0' and ARGV[from + 5]
     shape[to + 6] = ARGV[from + 6]
@@ -73,6 +81,9 @@ for s = 1, tonumber(ARGV[2]) do
   shapes[s] = shape
   argument = argument + 1 + count * 6
 end
+
+-- Leases of concurrency slots are scored by when they expire, in milliseconds.
+local now_ms = (now - now % 1000) / 1000
 
 -- Per key of KEYS (by index) once read: { tokens now (false: none stored), level, hold,
 -- keep, penalty read (whether level, hold and keep were read), and once charged: the expiry
@@ -84,6 +95,18 @@ local state = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
 local sufficient = { false, false, false, false }
 local booked = { false, false, false, false }
 local reply, replied = { pack('<dB', now, 0), '', '', '', '' }, 1
+
+-- A concurrency limit's slots of `KEYS[index]` (a sorted set of leases, expired ones dropped):
+-- its entry { in use, 'lease', index } and the slots free of `slots`.
+local function free_slots(index, slots)
+  local entry = seen[index]
+  if not entry then
+    call('ZREMRANGEBYSCORE', KEYS[index], '-inf', now_ms)
+    entry = { call('ZCARD', KEYS[index]), 'lease', index }
+    seen[index] = entry
+  end
+  return entry, slots - entry[1]
+end
 local arguments = #ARGV
 
 while argument <= arguments do
@@ -93,66 +116,74 @@ while argument <= arguments do
   for i = 1, count do
     local at = (i - 1) * 6 + 1
     local index = tonumber(ARGV[argument + i])
-    local capacity, rate, factor = shape[at + 1], shape[at + 2], shape[at + 5]
-    local entry = seen[index]
-    local elapsed = 0
-    if rate == 0 then
-      if not entry then
-        local period = factor
-        if now >= tonumber(period) * 1000000 then period = shape[at + 6] end
-        local stored = call('HMGET', KEYS[index], 'tokens', 'p')
-        entry = { false, 0, 0, 0, false, false, false, period }
-        if stored[1] and tonumber(stored[2]) == tonumber(period) then entry[1] = stored[1] end
+    if shape[at + 4] == 'lease' then
+      local entry, free = free_slots(index, shape[at + 1])
+      local base = (i - 1) * 6
+      state[base + 1], state[base + 2], state[base + 4] = entry, free, shape[at + 2]
+      sufficient[i], booked[i] = free >= 1, false
+      if free < 1 then admitted = false end
+    else
+      local capacity, rate, factor = shape[at + 1], shape[at + 2], shape[at + 5]
+      local entry = seen[index]
+      local elapsed = 0
+      if rate == 0 then
+        if not entry then
+          local period = factor
+          if now >= tonumber(period) * 1000000 then period = shape[at + 6] end
+          local stored = call('HMGET', KEYS[index], 'tokens', 'p')
+          entry = { false, 0, 0, 0, false, false, false, period }
+          if stored[1] and tonumber(stored[2]) == tonumber(period) then entry[1] = stored[1] end
+          seen[index] = entry
+        end
+        factor = false
+      elseif not entry then
+        local stored
+        if factor then
+          stored = call('HMGET', KEYS[index], 'tokens', 'ts', 'level', 'hold', 'keep')
+          entry = { false, tonumber(stored[3]) or 0, tonumber(stored[4]) or 0,
+            tonumber(stored[5]) or 0, true, false, false }
+        else
+          -- Not adaptive: the penalty fields are never written, so only these two are read.
+          stored = call('HMGET', KEYS[index], 'tokens', 'ts')
+          entry = { false, 0, 0, 0, false, false, false }
+        end
+        if stored[1] and stored[2] then
+          entry[1] = stored[1]
+          elapsed = now - stored[2]
+          if elapsed < 0 then elapsed = 0 end
+        end
         seen[index] = entry
+      elseif factor and not entry[5] then
+        local stored = call('HMGET', KEYS[index], 'level', 'hold', 'keep')
+        entry[2], entry[3] = tonumber(stored[1]) or 0, tonumber(stored[2]) or 0
+        entry[4], entry[5] = tonumber(stored[3]) or 0, true
       end
-      factor = false
-    elseif not entry then
-      local stored
-      if factor then
-        stored = call('HMGET', KEYS[index], 'tokens', 'ts', 'level', 'hold', 'keep')
-        entry = { false, tonumber(stored[3]) or 0, tonumber(stored[4]) or 0,
-          tonumber(stored[5]) or 0, true, false, false }
-      else
-        -- Not adaptive: the penalty fields are never written, so only these two are read.
-        stored = call('HMGET', KEYS[index], 'tokens', 'ts')
-        entry = { false, 0, 0, 0, false, false, false }
+      local multiplier = 1
+      if factor and entry[2] > 0 and now < entry[3] then
+        local floor = tonumber(shape[at + 6]) / capacity
+        if floor > 1 then floor = 1 end
+        multiplier = tonumber(factor) ^ entry[2]
+        if multiplier < floor then multiplier = floor end
+        capacity = capacity * multiplier
+        rate = rate * multiplier
       end
-      if stored[1] and stored[2] then
-        entry[1] = stored[1]
-        elapsed = now - stored[2]
-        if elapsed < 0 then elapsed = 0 end
+      local current = capacity
+      if entry[1] then
+        current = entry[1] + elapsed / 1000000 * rate
+        if current > capacity then current = capacity end
       end
-      seen[index] = entry
-    elseif factor and not entry[5] then
-      local stored = call('HMGET', KEYS[index], 'level', 'hold', 'keep')
-      entry[2], entry[3] = tonumber(stored[1]) or 0, tonumber(stored[2]) or 0
-      entry[4], entry[5] = tonumber(stored[3]) or 0, true
-    end
-    local multiplier = 1
-    if factor and entry[2] > 0 and now < entry[3] then
-      local floor = tonumber(shape[at + 6]) / capacity
-      if floor > 1 then floor = 1 end
-      multiplier = tonumber(factor) ^ entry[2]
-      if multiplier < floor then multiplier = floor end
-      capacity = capacity * multiplier
-      rate = rate * multiplier
-    end
-    local current = capacity
-    if entry[1] then
-      current = entry[1] + elapsed / 1000000 * rate
-      if current > capacity then current = capacity end
-    end
-    local cost = shape[at + 3]
-    local base = (i - 1) * 6
-    state[base + 1], state[base + 2], state[base + 3] = entry, current, capacity
-    state[base + 4], state[base + 5], state[base + 6] = rate, multiplier, cost
-    local enforce = shape[at + 4]
-    sufficient[i], booked[i] = current >= cost, false
-    if not sufficient[i] and enforce then
-      if enforce ~= true and current - cost >= enforce then
-        booked[i] = true
-      else
-        admitted = false
+      local cost = shape[at + 3]
+      local base = (i - 1) * 6
+      state[base + 1], state[base + 2], state[base + 3] = entry, current, capacity
+      state[base + 4], state[base + 5], state[base + 6] = rate, multiplier, cost
+      local enforce = shape[at + 4]
+      sufficient[i], booked[i] = current >= cost, false
+      if not sufficient[i] and enforce then
+        if enforce ~= true and current - cost >= enforce then
+          booked[i] = true
+        else
+          admitted = false
+        end
       end
     end
   end
@@ -162,7 +193,16 @@ while argument <= arguments do
   for i = 1, count do
     local base = (i - 1) * 6
     local entry, tokens = state[base + 1], state[base + 2]
-    if admitted and (sufficient[i] or booked[i]) then
+    if entry[2] == 'lease' then
+      if admitted then
+        local key, lease = KEYS[entry[3]], state[base + 4]
+        call('ZADD', key, now_ms + lease, ARGV[argument + count + 1])
+        call('PEXPIRE', key, lease + 1000)
+        entry[1], tokens = entry[1] + 1, tokens - 1
+      end
+      replied = replied + 1
+      reply[replied] = pack('<dB', tokens, sufficient[i] and 1 or 0)
+    elseif admitted and (sufficient[i] or booked[i]) then
       tokens = tokens - state[base + 6]
       local expire_ms
       if entry[8] then
@@ -174,18 +214,21 @@ while argument <= arguments do
       end
       entry[6], entry[7] = expire_ms, tokens
     end
-    -- What the next request of the batch finds in this bucket: no time passes in between.
-    entry[1] = tokens
-    local multiplier = state[base + 5]
-    replied = replied + 1
-    local flags = sufficient[i] and 1 or (admitted and booked[i] and 4 or 0)
-    if multiplier == 1 then
-      reply[replied] = pack('<dB', tokens, flags)
-    else
-      reply[replied] = pack('<dBd', tokens, flags + 2, multiplier)
+    if entry[2] ~= 'lease' then
+      -- What the next request of the batch finds in this bucket: no time passes in between.
+      entry[1] = tokens
+      local multiplier = state[base + 5]
+      replied = replied + 1
+      local flags = sufficient[i] and 1 or (admitted and booked[i] and 4 or 0)
+      if multiplier == 1 then
+        reply[replied] = pack('<dB', tokens, flags)
+      else
+        reply[replied] = pack('<dBd', tokens, flags + 2, multiplier)
+      end
     end
   end
   argument = argument + 1 + count
+  if shape.leases then argument = argument + 1 end
 end
 
 local now_text = format('%d', now)

@@ -28,6 +28,7 @@ use redis::Script;
 mod batch;
 mod cluster;
 mod decide_call;
+mod decision;
 mod key_admin;
 mod keys;
 mod refund;
@@ -35,7 +36,6 @@ mod server_clock;
 mod slots;
 
 use batch::Batcher;
-use decide_call::{BucketArguments, Shape};
 pub use keys::slot;
 use keys::{group_by_slot, StoreKeys};
 pub use refund::Refund;
@@ -44,10 +44,7 @@ use server_clock::{LateCalls, ServerClock};
 use super::breaker::{Breaker, CircuitState};
 use super::clock::{self, Clock};
 use super::deny_cache::DenyCache;
-use super::{
-    AdaptiveParams, BucketRequest, Decision, OutcomeRequest, StoreError, Timestamp, Verdict,
-    Verdicts,
-};
+use super::{AdaptiveParams, OutcomeRequest, StoreError};
 use crate::config::RedisSettings;
 
 /// Slots of a Redis Cluster.
@@ -237,109 +234,6 @@ impl RedisStore {
 
     pub fn circuit_state(&self) -> CircuitState {
         self.breaker.state()
-    }
-
-    pub async fn decide(&self, requests: &[BucketRequest<'_>]) -> Result<Decision, StoreError> {
-        let keys = StoreKeys::new(&self.prefix, requests.iter().map(|request| &request.key));
-        // One reading serves the deny cache's check and, as the time the call was sent (a
-        // moment early, which only makes the cache more cautious), what it remembers.
-        let sent = self.clock.now();
-        if let Some(refusal) = self.refuse_from_cache(requests, &keys, sent) {
-            self.deny_cache_refusals.fetch_add(1, Ordering::Relaxed);
-            return Ok(refusal);
-        }
-        let call = self.breaker.permit().ok_or(StoreError::Unavailable)?;
-        let deadline = clock::deadline_in(self.timeout);
-        let (keys, decision) = match self.decide_in_redis(requests, keys, deadline).await {
-            Ok(decision) => decision,
-            Err(error) => {
-                call.failure();
-                return Err(error);
-            }
-        };
-        call.success();
-        for ((request, key), verdict) in requests.iter().zip(keys.iter()).zip(decision.verdicts()) {
-            // A quota's count only starts over with its period: not the deny cache's arithmetic.
-            let refused = !verdict.sufficient && !verdict.booked;
-            if refused && request.charge.period.is_none() {
-                self.deny_cache.remember(
-                    key,
-                    verdict.tokens,
-                    sent,
-                    request.charge.rate,
-                    request.charge.capacity,
-                );
-            }
-        }
-        Ok(decision)
-    }
-
-    /// A refusal decided locally, if the deny cache knows an enforcing bucket to be too empty.
-    fn refuse_from_cache(
-        &self,
-        requests: &[BucketRequest<'_>],
-        keys: &StoreKeys,
-        now: Timestamp,
-    ) -> Option<Decision> {
-        let mut refused = false;
-        let verdicts: Verdicts = requests
-            .iter()
-            .zip(keys.iter())
-            .map(|(request, key)| {
-                let charge = &request.charge;
-                // A delaying bucket refuses only once its debt is booked up.
-                let needed = charge.cost - charge.debt;
-                match charge
-                    .enforce
-                    .then(|| self.deny_cache.insufficient(key, needed, now))
-                    .flatten()
-                {
-                    Some(tokens) => {
-                        refused = true;
-                        Verdict::observed(charge, tokens, false)
-                    }
-                    None => Verdict::unobserved(),
-                }
-            })
-            .collect();
-        refused.then_some(Decision::Refuse(verdicts))
-    }
-
-    /// Decides in Redis, or times out at `deadline`; gives the keys back with the decision.
-    async fn decide_in_redis(
-        &self,
-        requests: &[BucketRequest<'_>],
-        keys: StoreKeys,
-        deadline: tokio::time::Instant,
-    ) -> Result<(StoreKeys, Decision), StoreError> {
-        let manager = match &self.connection {
-            Connection::Single(manager) => manager,
-            Connection::Cluster(_) => {
-                // Each call keeps the deadline itself, to be listened to after it.
-                let decision = self.decide_across_slots(requests, &keys, deadline).await?;
-                return Ok((keys, decision));
-            }
-        };
-        let shape: Shape = requests.iter().map(BucketArguments::of).collect();
-        // The batcher keeps the deadline: no timer per request.
-        let (keys, reply) = self
-            .batcher
-            .decide(
-                (manager, self.decide.as_ref()),
-                (&self.server_clock, &self.late),
-                keys,
-                shape,
-                deadline,
-            )
-            .await;
-        let reply = reply?;
-        let verdicts = requests
-            .iter()
-            .zip(reply.buckets)
-            .map(|(request, bucket)| bucket.verdict(&request.charge))
-            .collect();
-        let decision = Decision::new(reply.admitted, verdicts);
-        Ok((keys, decision))
     }
 
     /// Applies outcome charges and adaptive errors (`outcome.lua`, one call per slot);

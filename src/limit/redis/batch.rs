@@ -44,6 +44,8 @@ const SECOND_CALL_BATCH: usize = 8;
 struct Queued {
     keys: StoreKeys,
     shape: Shape,
+    /// The name of the request's leases when it takes concurrency slots.
+    lease: Option<String>,
     deadline: Instant,
     reply: oneshot::Sender<(StoreKeys, Result<RequestReply, StoreError>)>,
 }
@@ -74,15 +76,15 @@ impl Batcher {
         }
     }
 
-    /// Decides one request in the next batch; gives its keys back with the reply, which is a
-    /// timeout if it is not there by `deadline`. The first call starts the sender, which
+    /// Decides one request (its keys, their numbers, the name of its leases) in the next
+    /// batch; gives its keys back with the reply, which is a timeout if it is not there by
+    /// `deadline`. The first call starts the sender, which
     /// keeps `server_clock` and counts late calls in `late`.
     pub(super) async fn decide(
         &self,
         (connection, script): (&ConnectionManager, &Script),
         (server_clock, late): (&Arc<ServerClock>, &LateCalls),
-        keys: StoreKeys,
-        shape: Shape,
+        (keys, shape, lease): (StoreKeys, Shape, Option<String>),
         deadline: Instant,
     ) -> (StoreKeys, Result<RequestReply, StoreError>) {
         let queue = self.queue.get_or_init(|| {
@@ -103,6 +105,7 @@ impl Batcher {
         let queued = Queued {
             keys,
             shape,
+            lease,
             deadline,
             reply,
         };
@@ -207,7 +210,7 @@ async fn call(
 ) {
     let mut decide = DecideCall::new();
     for queued in &batch {
-        decide.push(queued.keys.iter(), &queued.shape);
+        decide.push(queued.keys.iter(), &queued.shape, queued.lease.as_deref());
     }
     let Some(deadline) = batch.iter().map(|queued| queued.deadline).min() else {
         return;

@@ -7,29 +7,34 @@ use redis::cluster_async::ClusterConnection;
 
 use tokio::time::Instant;
 
-use super::decide_call::{read_late_reply, BucketArguments, DecideCall, RequestReply, Shape};
+use super::decide_call::{read_late_reply, BucketReply, DecideCall, RequestReply, Shape};
+use super::decision::leased;
 use super::keys::{group_by_slot, StoreKeys};
 use super::{Cluster, Connection, RedisStore};
+use crate::limit::concurrency::{Leased, Leasing};
 use crate::limit::{BucketRequest, Charge, Decision, StoreError, Verdict, Verdicts};
 
 impl RedisStore {
-    /// A Cluster's decision: one call per slot that the request's buckets live in, all at
-    /// once, each given up on at `deadline`; if a slot refuses, what the others charged is
-    /// given back.
+    /// A Cluster's decision: one call per slot that the request's keys live in, all at once,
+    /// each given up on at `deadline`; if a slot refuses, what the others charged is given
+    /// back, and the leases they took.
     pub(super) async fn decide_across_slots(
         &self,
         requests: &[BucketRequest<'_>],
+        leasing: Option<&Leasing<'_>>,
         keys: &StoreKeys,
         deadline: Instant,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<(Decision, Leased), StoreError> {
         let groups = group_by_slot(keys.iter());
         let replies = join_all(
             groups
                 .iter()
-                .map(|group| self.call_decide(requests, keys, group, deadline)),
+                .map(|group| self.call_decide(requests, leasing, keys, group, deadline)),
         )
         .await;
-        let mut verdicts: Verdicts = smallvec::smallvec![Verdict::unobserved(); requests.len()];
+        let buckets = requests.len();
+        let mut verdicts: Verdicts = smallvec::smallvec![Verdict::unobserved(); buckets];
+        let mut slots = vec![None; keys.len() - buckets];
         let mut admitted = true;
         let mut charged_groups = Vec::new();
         for (group, reply) in groups.iter().zip(replies) {
@@ -38,40 +43,62 @@ impl RedisStore {
             if reply.admitted {
                 charged_groups.push(group);
             }
-            for (index, bucket) in group.iter().zip(reply.buckets) {
-                verdicts[*index] = bucket.verdict(&requests[*index].charge);
-            }
-        }
-        if !admitted && !charged_groups.is_empty() {
-            // Another slot refused: give back what the admitting slots charged.
-            let refunds = charged_groups.iter().map(|group| {
-                let charged: Vec<(usize, Charge)> = group
-                    .iter()
-                    .filter(|index| verdicts[**index].sufficient || verdicts[**index].booked)
-                    .map(|index| (*index, verdicts[*index].in_force(&requests[*index].charge)))
-                    .collect();
-                self.call_refund(keys, charged)
-            });
-            // A refund gives back a charge that did happen: it carries no deadline, and one
-            // that runs late is still right.
-            let refunds = tokio::time::timeout_at(deadline, join_all(refunds))
-                .await
-                .map_err(|_| StoreError::Timeout)?;
-            for result in refunds {
-                result?;
-            }
-            for group in charged_groups {
-                for index in group {
-                    let verdict = &mut verdicts[*index];
-                    if verdict.sufficient || verdict.booked {
-                        let charge = verdict.in_force(&requests[*index].charge);
-                        let tokens = verdict.tokens + charge.cost;
-                        *verdict = Verdict::observed(&charge, tokens, verdict.sufficient);
-                    }
+            for (index, reply) in group.iter().zip(reply.buckets) {
+                match requests.get(*index) {
+                    Some(request) => verdicts[*index] = reply.verdict(&request.charge),
+                    None => slots[*index - buckets] = Some(reply),
                 }
             }
         }
-        Ok(Decision::new(admitted, verdicts))
+        let slots: Vec<BucketReply> = slots.into_iter().flatten().collect();
+        if admitted || charged_groups.is_empty() {
+            return Ok((Decision::new(admitted, verdicts), leased(admitted, &slots)));
+        }
+        // Another slot refused: give back what the admitting slots charged and leased.
+        let refunds = charged_groups.iter().map(|group| {
+            let charged: Vec<(usize, Charge)> = group
+                .iter()
+                .filter(|index| {
+                    verdicts
+                        .get(**index)
+                        .is_some_and(|verdict| verdict.sufficient || verdict.booked)
+                })
+                .map(|index| (*index, verdicts[*index].in_force(&requests[*index].charge)))
+                .collect();
+            let leases: Vec<usize> = group
+                .iter()
+                .copied()
+                .filter(|index| *index >= buckets)
+                .collect();
+            async move {
+                self.call_refund(keys, charged).await?;
+                for index in leases {
+                    let name = leasing.map_or("", |leasing| leasing.name);
+                    self.give_back_slot(&keys[index], name).await?;
+                }
+                Ok::<(), StoreError>(())
+            }
+        });
+        // A refund gives back a charge that did happen: it carries no deadline, and one that
+        // runs late is still right.
+        let refunds = tokio::time::timeout_at(deadline, join_all(refunds))
+            .await
+            .map_err(|_| StoreError::Timeout)?;
+        for result in refunds {
+            result?;
+        }
+        for index in charged_groups.into_iter().flatten() {
+            let (Some(verdict), Some(request)) = (verdicts.get_mut(*index), requests.get(*index))
+            else {
+                continue;
+            };
+            if verdict.sufficient || verdict.booked {
+                let charge = verdict.in_force(&request.charge);
+                let tokens = verdict.tokens + charge.cost;
+                *verdict = Verdict::observed(&charge, tokens, verdict.sufficient);
+            }
+        }
+        Ok((Decision::new(false, verdicts), leased(false, &slots)))
     }
 
     /// One slot's buckets of one request, decided by a call of their own, which carries
@@ -79,16 +106,18 @@ impl RedisStore {
     async fn call_decide(
         &self,
         requests: &[BucketRequest<'_>],
+        leasing: Option<&Leasing<'_>>,
         keys: &StoreKeys,
         group: &[usize],
         deadline: Instant,
     ) -> Result<RequestReply, StoreError> {
         let shape: Shape = group
             .iter()
-            .map(|index| BucketArguments::of(&requests[*index]))
+            .map(|index| self.arguments(requests, leasing, *index))
             .collect();
         let mut call = DecideCall::new();
-        call.push(group.iter().map(|index| &keys[*index]), &shape);
+        let lease_name = leasing.map(|leasing| leasing.name);
+        call.push(group.iter().map(|index| &keys[*index]), &shape, lease_name);
         let slot = self.clock_slot(keys, group);
         let command = call.command(&self.decide, self.server_clock.deadline(slot, deadline));
         let read_late = read_late_reply(self.server_clock.clone(), slot);

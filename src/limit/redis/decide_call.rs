@@ -23,6 +23,9 @@ pub(super) struct BucketArguments {
     factor: f64,
     /// For a quota: the end of the next period.
     min_capacity: f64,
+    /// A concurrency limit's slots (`capacity` of them, each a lease of `rate` milliseconds),
+    /// not a bucket.
+    lease: bool,
 }
 
 impl BucketArguments {
@@ -40,7 +43,26 @@ impl BucketArguments {
             debt: request.charge.debt,
             factor,
             min_capacity,
+            lease: false,
         }
+    }
+
+    /// A concurrency limit of `slots`, each a lease lasting `lease`.
+    pub(super) fn lease(slots: u32, lease: std::time::Duration) -> BucketArguments {
+        BucketArguments {
+            capacity: f64::from(slots),
+            rate: lease.as_millis() as f64,
+            cost: 1.0,
+            enforce: true,
+            debt: 0.0,
+            factor: 0.0,
+            min_capacity: 0.0,
+            lease: true,
+        }
+    }
+
+    pub(super) fn is_lease(&self) -> bool {
+        self.lease
     }
 }
 
@@ -85,8 +107,9 @@ pub(super) struct DecideCall<'a> {
     keys: Vec<&'a str>,
     key_indexes: HashMap<&'a str, usize, foldhash::fast::RandomState>,
     shapes: Vec<&'a [BucketArguments]>,
-    /// Per request: its shape's index, then its keys' indexes (all 1-based, as Lua counts).
-    requests: Vec<usize>,
+    /// Per request: its shape's index, then its keys' indexes (all 1-based, as Lua counts),
+    /// then the name of its leases if its shape has slots.
+    requests: Vec<RequestArgument<'a>>,
     /// Buckets per request, to read the reply.
     bucket_counts: Vec<usize>,
 }
@@ -102,11 +125,13 @@ impl<'a> DecideCall<'a> {
         }
     }
 
-    /// Adds a request: its buckets' keys and numbers, in the same order.
+    /// Adds a request: its buckets' keys and numbers, in the same order, and the name of its
+    /// leases when the shape has concurrency slots.
     pub(super) fn push(
         &mut self,
         keys: impl IntoIterator<Item = &'a str>,
         shape: &'a [BucketArguments],
+        lease: Option<&'a str>,
     ) {
         let shape_index = match self.shapes.iter().position(|known| *known == shape) {
             Some(index) => index,
@@ -115,7 +140,7 @@ impl<'a> DecideCall<'a> {
                 self.shapes.len() - 1
             }
         };
-        self.requests.push(shape_index + 1);
+        self.requests.push(RequestArgument::Index(shape_index + 1));
         let before = self.requests.len();
         for key in keys {
             let next = self.keys.len();
@@ -123,13 +148,18 @@ impl<'a> DecideCall<'a> {
             if index == next {
                 self.keys.push(key);
             }
-            self.requests.push(index + 1);
+            self.requests.push(RequestArgument::Index(index + 1));
         }
         debug_assert_eq!(
             self.requests.len() - before,
             shape.len(),
             "a key per bucket"
         );
+        if shape.iter().any(BucketArguments::is_lease) {
+            debug_assert!(lease.is_some(), "slots are taken in a lease's name");
+            self.requests
+                .push(RequestArgument::Lease(lease.unwrap_or_default()));
+        }
         self.bucket_counts.push(shape.len());
     }
 
@@ -168,7 +198,10 @@ impl<'a> DecideCall<'a> {
         }
         let mut index = itoa::Buffer::new();
         for value in &self.requests {
-            command.arg(index.format(*value));
+            match value {
+                RequestArgument::Index(value) => command.arg(index.format(*value)),
+                RequestArgument::Lease(name) => command.arg(*name),
+            };
         }
         command
     }
@@ -265,6 +298,13 @@ pub(super) fn read_late_reply(
     }
 }
 
+/// One of a request's arguments after its shape.
+#[derive(Debug, Clone, Copy)]
+enum RequestArgument<'a> {
+    Index(usize),
+    Lease(&'a str),
+}
+
 /// A bucket's enforce argument: 1, 0 for shadow, or for a delaying bucket the (negative)
 /// tokens it may book down to.
 struct Enforce<'a>(&'a BucketArguments);
@@ -275,6 +315,7 @@ impl redis::ToRedisArgs for Enforce<'_> {
         W: ?Sized + redis::RedisWrite,
     {
         match self.0 {
+            BucketArguments { lease: true, .. } => out.write_arg(b"lease"),
             BucketArguments { enforce: false, .. } => out.write_arg(b"0"),
             BucketArguments { debt, .. } if *debt > 0.0 => Number(-debt).write_redis_args(out),
             _ => out.write_arg(b"1"),
@@ -322,6 +363,7 @@ mod tests {
             debt: 0.0,
             factor: 0.0,
             min_capacity: 0.0,
+            lease: false,
         }
     }
 
@@ -359,22 +401,33 @@ mod tests {
             },
         ];
         let mut call = DecideCall::new();
-        call.push(["per_ip:a", "global"], &login);
-        call.push(["per_ip:b", "global"], &login);
-        call.push(["per_ip:a"], &search);
-        call.push(["per_ip:b", "global"], &smoothed);
+        call.push(["per_ip:a", "global"], &login, None);
+        call.push(["per_ip:b", "global"], &login, None);
+        call.push(["per_ip:a"], &search, None);
+        call.push(["per_ip:b", "global"], &smoothed, None);
+        let exports = [
+            bucket(5.0, 1.0),
+            BucketArguments::lease(2, std::time::Duration::from_secs(60)),
+        ];
+        call.push(["per_ip:a", "exports:slots"], &exports, Some("f00d"));
         let script = Script::new("return 1");
         let sent = arguments(&call.command(&script, 1_700_000_000_000_000));
         let expected = [
-            format!("EVALSHA {} 3 per_ip:a global per_ip:b", script.get_hash()),
+            format!(
+                "EVALSHA {} 4 per_ip:a global per_ip:b exports:slots",
+                script.get_hash()
+            ),
             // The call's deadline in the server's time.
             "1700000000000000".to_owned(),
-            // Three shapes: login's two buckets, then search's one (capacity, rate, cost,
+            // Four shapes: login's two buckets, then search's one (capacity, rate, cost,
             // enforce, factor, min_capacity), then a delaying bucket (enforce: the tokens it
-            // may book down to) beside a shadow one.
-            "3 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0 2 5 1 1 -2.5 0 0 5 1 1 0 0 0".to_owned(),
-            // Per request: its shape, then its keys.
-            "1 1 2 1 3 2 2 1 3 3 2".to_owned(),
+            // may book down to) beside a shadow one, then a bucket and two slots leased for a
+            // minute.
+            "4 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0 2 5 1 1 -2.5 0 0 5 1 1 0 0 0".to_owned(),
+            "2 5 1 1 1 0 0 2 60000 1 lease 0 0".to_owned(),
+            // Per request: its shape, then its keys, then the name of its leases if it takes
+            // slots.
+            "1 1 2 1 3 2 2 1 3 3 2 4 1 4 f00d".to_owned(),
         ];
         assert_eq!(sent.join(" "), expected.join(" "));
     }
@@ -384,8 +437,8 @@ mod tests {
         let two_buckets = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
         let one_bucket = [bucket(5.0, 1.0)];
         let mut call = DecideCall::new();
-        call.push(["a", "b"], &two_buckets);
-        call.push(["a"], &one_bucket);
+        call.push(["a", "b"], &two_buckets, None);
+        call.push(["a"], &one_bucket, None);
         let double = |value: f64| value.to_le_bytes().to_vec();
         let reply: Vec<u8> = [
             double(1.7e15),
@@ -466,7 +519,7 @@ mod tests {
             ..bucket(2.0, 1.0)
         }];
         let mut call = DecideCall::new();
-        call.push(["a"], &delaying);
+        call.push(["a"], &delaying, None);
         let double = |value: f64| value.to_le_bytes().to_vec();
         let booked = [double(1.7e15), vec![0], vec![1], double(-1.0), vec![4]].concat();
         let requests = call.parse_reply(&booked).unwrap().requests.unwrap();

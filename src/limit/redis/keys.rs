@@ -29,6 +29,16 @@ impl StoreKeys {
         StoreKeys { text, ends }
     }
 
+    /// Adds a key spelled in full (prefix included).
+    pub(super) fn push(&mut self, key: &str) {
+        self.text.push_str(key);
+        self.ends.push(self.text.len());
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
     pub(super) fn iter(&self) -> impl Iterator<Item = &str> {
         (0..self.ends.len()).map(|index| &self[index])
     }

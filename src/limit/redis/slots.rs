@@ -1,27 +1,14 @@
 //! Concurrency slots shared by every replica: a key's slots are a sorted set of leases, each a
-//! request's, scored by when it expires in the server's time. A request renews its leases
-//! while in flight and removes them when it ends; a replica that dies leaves leases that
-//! expire within one lease, so nothing leaks for longer.
+//! request's, scored by when it expires in the server's time. `decide.lua` takes them with the
+//! request's tokens; a request renews its leases while in flight and removes them when it
+//! ends; a replica that dies leaves leases that expire within one lease, so nothing leaks for
+//! longer.
 
 use std::time::Duration;
 
 use super::RedisStore;
 use crate::limit::concurrency::SlotKey;
 use crate::limit::{BucketKey, StoreError};
-
-/// Drops expired leases, then adds this one if fewer than `ARGV[1]` remain. Reply: 1 and the
-/// slots in use after it, or 0 and the slots in use.
-const TAKE: &str = r"
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local lease = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local used = redis.call('ZCARD', KEYS[1])
-if used >= tonumber(ARGV[1]) then return { 0, used } end
-redis.call('ZADD', KEYS[1], now + lease, ARGV[3])
-redis.call('PEXPIRE', KEYS[1], lease + 1000)
-return { 1, used + 1 }
-";
 
 /// Extends a lease that still exists (a lease that expired meanwhile is not brought back).
 const RENEW: &str = r"
@@ -45,26 +32,6 @@ impl RedisStore {
         bucket.push_to(&mut text);
         text.push_str(":slots");
         text
-    }
-
-    /// Takes a slot of `key` (its store key) for `lease_id` when fewer than `slots` are held:
-    /// `Some(in use after)`, or `None` when all are.
-    pub async fn take_slot(
-        &self,
-        key: &str,
-        slots: u32,
-        lease_id: &str,
-    ) -> Result<Option<u32>, StoreError> {
-        let mut command = redis::cmd("EVAL");
-        command
-            .arg(TAKE)
-            .arg(1)
-            .arg(key)
-            .arg(slots)
-            .arg(lease_millis(self.lease))
-            .arg(lease_id);
-        let (taken, in_use): (u32, u32) = self.bounded(command).await?;
-        Ok((taken == 1).then_some(in_use))
     }
 
     /// Extends `lease_id`'s lease of `key` by a whole lease from now.

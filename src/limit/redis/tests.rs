@@ -1,7 +1,7 @@
 //! The store's pure parts: its arguments and its deny cache's arithmetic.
 
 use super::*;
-use crate::limit::{BucketKey, Charge, KeyParts};
+use crate::limit::{BucketKey, BucketRequest, Charge, KeyParts};
 use redis::ToRedisArgs;
 
 #[tokio::test]

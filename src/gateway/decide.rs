@@ -1,0 +1,183 @@
+//! The decide phase: one decision for all of a request's buckets and concurrency slots, from
+//! the store, or as the route's `on_store_failure` says when the store fails; counted in the
+//! limits' metrics.
+
+use smallvec::SmallVec;
+
+use super::access_log::{self, Exchange};
+use super::accounting::{self, BucketAccount};
+use super::reject::{Reject, Reports};
+use super::{slots, Gateway};
+use crate::config::StoreFailurePolicy;
+use crate::limit::concurrency::{Leased, Leasing, SlotRequest};
+use crate::limit::{clock, BucketRequest, Decision, Store, StoreError};
+use crate::metrics::Outcome;
+use crate::runtime::ServedRoute;
+
+/// A request its limits let through, and on what grounds.
+pub(super) struct Admission {
+    pub(super) outcome: Outcome,
+    pub(super) decider: Decider,
+    /// Seconds to hold the request for tokens it booked (`on_limit = "delay"`), and the
+    /// route limits whose buckets the decision charged.
+    pub(super) delay: f64,
+    pub(super) charged: SmallVec<[usize; 4]>,
+    /// The slots of its concurrency limits, held until its response ends.
+    pub(super) slots: Option<slots::Held>,
+}
+
+/// Which store took a request's decision (and so receives its response hooks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Decider {
+    Store,
+    /// The in-process buckets of `on_store_failure = "local"`.
+    Local,
+    /// No bucket applied, or the store failed on an `allow` route.
+    Nobody,
+}
+
+impl Gateway {
+    /// One decision for all of the request's buckets and concurrency slots: from the store,
+    /// or as the route's `on_store_failure` says when the store fails. Counts it in the
+    /// limits' metrics.
+    pub(super) async fn decide<'r>(
+        &self,
+        route: &'r ServedRoute,
+        buckets: &[BucketRequest<'r>],
+        slot_requests: &[SlotRequest],
+        exchange: &mut Exchange,
+        reports: &mut Reports<'r>,
+    ) -> Result<Admission, Reject> {
+        let refused = |exchange: &mut Exchange, reports: &Reports<'r>| {
+            if access_log::enabled() {
+                exchange.limit = Some(accounting::refusing(reports));
+            }
+            tracing::debug!(route = %route.route.name, limits = %accounting::refusing(reports), "refused");
+            Reject::Limited
+        };
+        // On Redis, slots are leases the decision's call takes; otherwise this process's,
+        // taken first (a request refused by one is charged no token, and one refused by a
+        // bucket gives its slots back, dropped with `slots`).
+        let leases =
+            match &self.shared.store {
+                Store::Redis(redis) if !slot_requests.is_empty() => Some(
+                    slots::PendingLeases::new(&self.shared, redis, slot_requests),
+                ),
+                _ => None,
+            };
+        let mut held = match leases {
+            Some(_) => None,
+            None => slots::take_local(&self.shared, route, slot_requests, reports)
+                .map_err(|_| refused(exchange, reports))?,
+        };
+        let admitted_unlimited = |outcome, slots| Admission {
+            outcome,
+            decider: Decider::Nobody,
+            delay: 0.0,
+            charged: SmallVec::new(),
+            slots,
+        };
+        if buckets.is_empty() && leases.is_none() {
+            return Ok(admitted_unlimited(Outcome::Allowed, held));
+        }
+        let leasing = leases.as_ref().map(|leases| leases.leasing(slot_requests));
+        let (decision, decider) = match self.store_decision(buckets, leasing.as_ref()).await {
+            Ok((decision, leased)) => {
+                if let Some(leases) = leases {
+                    held = leases.settle(leased, route, slot_requests, reports);
+                }
+                (decision, Decider::Store)
+            }
+            Err(error) => {
+                if let (Some(leases), StoreError::Unavailable) = (leases, &error) {
+                    leases.not_sent();
+                }
+                route.metrics.degraded.inc();
+                match route.route.on_store_failure {
+                    StoreFailurePolicy::Allow => {
+                        return Ok(admitted_unlimited(Outcome::DegradedAllowed, held))
+                    }
+                    StoreFailurePolicy::Deny => return Err(Reject::StoreUnavailable),
+                    StoreFailurePolicy::Local => {
+                        if held.is_none() {
+                            held = slots::take_local(&self.shared, route, slot_requests, reports)
+                                .map_err(|_| refused(exchange, reports))?;
+                        }
+                        (self.shared.local.decide(buckets), Decider::Local)
+                    }
+                }
+            }
+        };
+        let mut charged = SmallVec::new();
+        let accounting = accounting::account(buckets, &decision, reports, |share| {
+            if share.charged > 0.0 {
+                charged.push(share.route_limit);
+            }
+            record_share(route, share)
+        });
+        if !accounting.admitted {
+            return Err(refused(exchange, reports));
+        }
+        let outcome = match decider {
+            Decider::Local => Outcome::DegradedAllowed,
+            _ if accounting.shadow_refused => Outcome::ShadowLimited,
+            _ => Outcome::Allowed,
+        };
+        Ok(Admission {
+            outcome,
+            decider,
+            delay: accounting.delay,
+            charged,
+            slots: held,
+        })
+    }
+
+    /// The store's decision; a failure is timed, counted and logged here (an open circuit,
+    /// which made no call, only timed).
+    async fn store_decision(
+        &self,
+        buckets: &[BucketRequest<'_>],
+        leasing: Option<&Leasing<'_>>,
+    ) -> Result<(Decision, Leased), StoreError> {
+        let store = &self.shared.store;
+        let calls = &self.shared.store_calls;
+        let started = clock::instant();
+        let result = match (store, leasing) {
+            (Store::Redis(redis), Some(_)) => {
+                Box::pin(redis.decide_leasing(buckets, leasing)).await
+            }
+            _ => store
+                .decide(buckets)
+                .await
+                .map(|decision| (decision, Leased::NotTaken(None))),
+        };
+        calls
+            .duration
+            .observe(clock::elapsed(started).as_secs_f64());
+        match &result {
+            Err(StoreError::Unavailable) | Ok(_) => {}
+            Err(error) => {
+                calls.errors.inc();
+                tracing::warn!(backend = store.backend(), %error, "store call failed");
+            }
+        }
+        result
+    }
+}
+
+/// Records a bucket's share of a decision in the metrics of its limit.
+fn record_share(route: &ServedRoute, share: BucketAccount) {
+    let metrics = &route.limits[share.route_limit].metrics;
+    metrics.fill_ratio.observe(share.fill_ratio);
+    if share.charged > 0.0 {
+        metrics.tokens_consumed.inc_by(share.charged);
+    }
+    if share.refused {
+        metrics.limited.inc();
+    }
+    if share.delayed {
+        if let Some(delayed) = &metrics.delayed {
+            delayed.inc();
+        }
+    }
+}

@@ -305,6 +305,11 @@ async fn a_client_that_leaves_while_held_gives_its_tokens_back_in_redis() {
     };
     let booked = tokens().await;
     assert!(booked < -0.9, "the third booked a token: {booked}");
+    assert_eq!(
+        metric(&gateway.render_metrics(), "tollgate_inflight_requests"),
+        1.0,
+        "a held request is in flight"
+    );
     drop(leaving);
     // Given back, the bucket is at zero again; refill alone would take half a minute to
     // bring it to -0.5.

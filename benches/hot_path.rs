@@ -59,6 +59,7 @@ fn decision(c: &mut Criterion) {
         charge,
         adaptive: None,
         route_limit: 0,
+        lease: None,
     };
     let requests = [
         bucket(

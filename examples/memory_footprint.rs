@@ -54,6 +54,7 @@ fn main() {
             },
             adaptive: None,
             route_limit: 0,
+            lease: None,
         };
         store.decide(&[request]);
     }

@@ -202,6 +202,9 @@ pub struct Limit {
     /// `on_limit = "delay"`: a request that would find its tokens within this long books
     /// them and waits, instead of being refused.
     pub max_delay: Option<Duration>,
+    /// Token leases (`lease`): each replica takes up to `rate × lease` tokens per store call
+    /// and spends them locally (the Redis store; the memory store decides as usual).
+    pub lease: Option<Duration>,
 }
 
 /// Where a request's tier is read.

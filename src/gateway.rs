@@ -358,6 +358,7 @@ impl Gateway {
                 charge,
                 adaptive: limit.adaptive.as_ref().map(|adaptive| adaptive.params),
                 route_limit: position,
+                lease: limit.lease,
             });
         }
         Ok(())

@@ -10,6 +10,7 @@ pub mod calendar;
 pub mod clock;
 pub mod concurrency;
 pub mod deny_cache;
+pub mod lease;
 pub mod memory;
 pub mod redis;
 
@@ -131,6 +132,8 @@ pub struct BucketRequest<'a> {
     /// Which of its route's limits this bucket is (the position in the route's list), where
     /// the gateway finds its metrics and response hooks; stores ignore it.
     pub route_limit: usize,
+    /// The limit's token lease (`lease`): Redis hands this replica tokens in batches.
+    pub lease: Option<std::time::Duration>,
 }
 
 /// What happens to one bucket after the upstream answered.

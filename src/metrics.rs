@@ -138,6 +138,7 @@ pub struct Metrics {
     fill_ratio: Family,
     store_duration: Family,
     store_errors: IntCounterVec,
+    store_calls: IntCounterVec,
     store_batch_requests: HistogramVec,
     store_late: IntCounterVec,
     degraded: IntCounterVec,
@@ -218,6 +219,11 @@ impl Metrics {
         let store_errors = counter(
             "tollgate_store_errors_total",
             "Failed or timed-out store calls.",
+            &["backend"],
+        );
+        let store_calls = counter(
+            "tollgate_store_calls_total",
+            "Calls made to the store (Redis): decisions, leases, refunds, outcomes, slots.",
             &["backend"],
         );
         let store_batch_requests = histogram(
@@ -326,6 +332,7 @@ impl Metrics {
             fill_ratio,
             store_duration,
             store_errors,
+            store_calls,
             store_batch_requests,
             store_late,
             degraded,
@@ -363,6 +370,7 @@ impl Metrics {
         // calls and leaves it at zero).
         self.store_batch_requests.with_label_values(&[backend]);
         self.store_late.with_label_values(&[backend]);
+        self.store_calls.with_label_values(&[backend]);
         StoreCallMetrics {
             duration: self.store_duration.histogram(&[backend]),
             errors: self.store_errors.with_label_values(&[backend]),
@@ -372,6 +380,11 @@ impl Metrics {
     /// Where a store counts calls that ran after their deadline and charged nothing.
     pub fn store_late(&self, backend: &str) -> SharedIntCounter {
         self.store_late.with_label_values(&[backend])
+    }
+
+    /// Where a store counts the calls it makes.
+    pub fn store_calls(&self, backend: &str) -> SharedIntCounter {
+        self.store_calls.with_label_values(&[backend])
     }
 
     /// Where a store records how many requests each of its calls decided.

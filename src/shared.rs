@@ -99,7 +99,11 @@ impl Shared {
             Some(settings) => Store::Redis(Box::new(
                 RedisStore::new(settings, clock.clone())
                     .map_err(StartError::Store)?
-                    .observing_batches(metrics.store_batches("redis"), metrics.store_late("redis")),
+                    .observing(
+                        metrics.store_batches("redis"),
+                        metrics.store_late("redis"),
+                        metrics.store_calls("redis"),
+                    ),
             )),
             None => Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone())),
         };

@@ -66,6 +66,7 @@ fn bucket(
         },
         adaptive: None,
         route_limit: 0,
+        lease: None,
     }
 }
 

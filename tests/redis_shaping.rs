@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::redis_server::{free_port, RedisServer};
+use common::redis_server::RedisServer;
 use common::*;
 
 /// The store and the upstream of every policy here.
@@ -45,16 +44,6 @@ limits = ["exports"]
 "#
 }
 
-/// A replica of its own process, killed (SIGKILL) however the test ends.
-struct Replica(std::process::Child);
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn export(address: std::net::SocketAddr, user: &str) -> (u16, tokio::net::TcpStream) {
     let request = format!("GET /held-body HTTP/1.1\r\nHost: a\r\nx-user: {user}\r\n\r\n");
     let (head, stream) = raw_head(address, request.as_bytes()).await;
@@ -65,27 +54,9 @@ async fn export(address: std::net::SocketAddr, user: &str) -> (u16, tokio::net::
 async fn replicas_share_slots_and_a_killed_replicas_slots_come_back_after_the_lease() {
     let redis = RedisServer::start();
     let upstream = start_upstream().await;
-    let (listen, admin) = (free_port(), free_port());
     let text = policy(&redis).replace("{upstream}", &upstream.address.to_string());
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tollgate.toml");
-    let listeners = format!(
-        "[server]\nlisten = [\"127.0.0.1:{listen}\"]\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n"
-    );
-    std::fs::write(&file, format!("{listeners}{text}")).unwrap();
-    let mut killed = Replica(
-        Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["run", "--config", file.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tollgate"),
-    );
-    let first: std::net::SocketAddr = format!("127.0.0.1:{listen}").parse().unwrap();
-    eventually("the first replica listens", || {
-        std::net::TcpStream::connect(first).is_ok()
-    })
-    .await;
+    let mut killed = Replica::start(&text).await;
+    let first = killed.address;
     let second = start_gateway(&text, upstream.address).await;
 
     // One export of ann on each replica: both of her slots, shared through Redis.
@@ -103,8 +74,7 @@ async fn replicas_share_slots_and_a_killed_replicas_slots_come_back_after_the_le
     );
 
     // The first replica dies without giving its slot back; the slot returns with its lease.
-    killed.0.kill().unwrap();
-    killed.0.wait().unwrap();
+    killed.kill();
     let mut admitted = None;
     for _ in 0..200 {
         let (status, stream) = export(second.addresses[0], "ann").await;

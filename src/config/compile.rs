@@ -322,6 +322,9 @@ fn warnings(policy: &Policy) -> Vec<String> {
         }) {
             warnings.push(format!("limit {:?} is not used by any route", limit.name));
         }
+        if limit.lease.is_some() && policy.store.redis.is_none() {
+            warnings.push(format!("limit {:?} has a lease, which only the Redis store uses: on the memory store every request is decided as usual", limit.name));
+        }
         if let Some(super::TierSource::Header(name)) = &limit.tier {
             warnings.push(format!("limit {:?} takes its tier from the {name} header: a client that can set it picks its own tier, so only a proxy in front must set it (and remove what clients send)", limit.name));
         }

@@ -198,6 +198,8 @@ pub struct RawLimit {
     /// What a request that finds too few tokens gets: refused, or held until they come.
     pub on_limit: Option<Spanned<OnLimit>>,
     pub max_delay: Option<Spanned<HumanDuration>>,
+    /// Token leases: each replica takes up to `rate × lease` tokens per store call.
+    pub lease: Option<Spanned<HumanDuration>>,
     pub timezone: Option<Spanned<String>>,
     pub mode: Option<Mode>,
     pub exempt: Option<Spanned<Vec<String>>>,

@@ -134,6 +134,7 @@ mod tests {
             },
             adaptive: None,
             route_limit,
+            lease: None,
         }
     }
 

@@ -404,6 +404,7 @@ mod tests {
             },
             adaptive: None,
             route_limit: 0,
+            lease: None,
         }
     }
 

@@ -34,6 +34,7 @@ mod keys;
 mod refund;
 mod server_clock;
 mod slots;
+mod token_lease;
 
 use batch::Batcher;
 pub use keys::slot;
@@ -44,6 +45,7 @@ use server_clock::{LateCalls, ServerClock};
 use super::breaker::{Breaker, CircuitState};
 use super::clock::{self, Clock};
 use super::deny_cache::DenyCache;
+use super::lease::Leases;
 use super::{AdaptiveParams, OutcomeRequest, StoreError};
 use crate::config::RedisSettings;
 
@@ -90,6 +92,11 @@ pub struct RedisStore {
     ca_roots: Option<Vec<u8>>,
     /// How long a concurrency slot lasts unless renewed.
     pub(crate) lease: Duration,
+    /// This replica's token leases of leased buckets, and the script that refills them.
+    leases: Leases,
+    lease_script: Arc<Script>,
+    /// Calls made (`tollgate_store_calls_total`), batches' included.
+    calls: prometheus::IntCounter,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -183,6 +190,9 @@ impl RedisStore {
             node_urls: settings.nodes.clone(),
             ca_roots: roots,
             lease: settings.lease,
+            leases: Leases::default(),
+            lease_script: token_lease::script(),
+            calls: prometheus::IntCounter::new("calls", "Calls made.").expect("valid counter"),
         })
     }
 
@@ -193,15 +203,17 @@ impl RedisStore {
         node_client(url.clone(), self.ca_roots.as_deref()).ok()
     }
 
-    /// Records the requests each batch's call decides in `histogram`, and calls that ran
-    /// after their deadline (charging nothing) in `late`.
-    pub fn observing_batches(
+    /// Records the requests each batch's call decides in `batches`, calls that ran after
+    /// their deadline (charging nothing) in `late`, and every call made in `calls`.
+    pub fn observing(
         mut self,
-        histogram: prometheus::Histogram,
+        batches: prometheus::Histogram,
         late: prometheus::IntCounter,
+        calls: prometheus::IntCounter,
     ) -> RedisStore {
-        self.batcher = Batcher::observed_by(histogram);
+        self.batcher = Batcher::observed_by(batches, calls.clone());
         self.late = LateCalls::counted_by(late);
+        self.calls = calls;
         self
     }
 
@@ -324,6 +336,7 @@ impl RedisStore {
         command: redis::Cmd,
     ) -> Result<BoxFuture<'static, redis::RedisResult<T>>, StoreError> {
         let script = script.clone();
+        self.calls.inc();
         Ok(match &self.connection {
             Connection::Single(manager) => {
                 let mut connection = manager.clone();

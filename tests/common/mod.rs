@@ -520,3 +520,61 @@ pub async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A `tollgate` process of its own (a replica that a test can SIGKILL), killed however the
+/// test ends.
+pub struct Replica {
+    pub process: std::process::Child,
+    /// Its public listener.
+    pub address: SocketAddr,
+    _config: tempfile::TempDir,
+}
+
+impl Replica {
+    /// Runs `policy` (complete but for `[server] listen` and `[admin]`, which get free
+    /// ports) in a process of its own, once it listens.
+    pub async fn start(policy: &str) -> Replica {
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|listener| listener.local_addr())
+                .expect("a free port")
+                .port()
+        };
+        let (listen, admin) = (free(), free());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tollgate.toml");
+        let listeners = format!(
+            "[server]\nlisten = [\"127.0.0.1:{listen}\"]\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n"
+        );
+        std::fs::write(&file, format!("{listeners}{policy}")).unwrap();
+        let process = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["run", "--config", file.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("tollgate");
+        let replica = Replica {
+            process,
+            address: SocketAddr::from(([127, 0, 0, 1], listen)),
+            _config: dir,
+        };
+        eventually("the replica listens", || {
+            std::net::TcpStream::connect(replica.address).is_ok()
+        })
+        .await;
+        replica
+    }
+
+    /// SIGKILL: it gives nothing back.
+    pub fn kill(&mut self) {
+        self.process.kill().unwrap();
+        self.process.wait().unwrap();
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use toml::Spanned;
 
 use super::server::{networks, prefix_length};
-use super::shaping::{compile_concurrency, compile_delay};
+use super::shaping::{compile_concurrency, compile_delay, compile_lease};
 use super::tiers::{compile_amount, compile_tier_source, compile_tiers, NEEDS_JWT};
 use super::Errors;
 use crate::config::raw::{self, RawKey};
@@ -59,6 +59,7 @@ pub(super) fn compile_limit(
         ),
         None => compile_amount(&raw, &key, span.clone(), errors)?,
     };
+    let lease = compile_lease(&raw, &key, (capacity, rate), max_delay.is_some(), errors);
     let adaptive = raw
         .adaptive
         .map(|adaptive| compile_adaptive(adaptive, &key, capacity, errors));
@@ -153,7 +154,8 @@ pub(super) fn compile_limit(
         &ipv6_prefix.to_string(),
         &format!("{concurrency:?}"),
     ]);
-    // The delay is not part of the fingerprint: changing it keeps the buckets.
+    // Neither the delay nor the lease is part of the fingerprint: changing them keeps the
+    // buckets.
     Some(Limit {
         name: Arc::from(name.as_str()),
         key: key_sources,
@@ -173,6 +175,7 @@ pub(super) fn compile_limit(
         calendar,
         concurrency,
         max_delay,
+        lease,
     })
 }
 

@@ -1,5 +1,6 @@
 //! The settings that shape a limit's traffic rather than count it: `concurrency` (requests in
-//! flight) and `on_limit = "delay"` with `max_delay` (held instead of refused).
+//! flight), `on_limit = "delay"` with `max_delay` (held instead of refused), and `lease`
+//! (tokens taken from the store in batches).
 
 use toml::Spanned;
 
@@ -101,4 +102,46 @@ pub(super) fn compile_concurrency(
         );
     }
     slots.unwrap_or(1)
+}
+
+/// `lease`: a token bucket's tokens taken from Redis `rate × lease` at a time. At most a
+/// second, and a capacity of at least four leases' worth, or one replica's lease would starve
+/// the others.
+pub(super) fn compile_lease(
+    raw: &raw::RawLimit,
+    key: &str,
+    (capacity, rate): (f64, crate::config::Rate),
+    delay: bool,
+    errors: &mut Errors<'_>,
+) -> Option<std::time::Duration> {
+    let lease = raw.lease.as_ref()?;
+    let (span, duration) = (Some(lease.span()), lease.get_ref().0);
+    let field = format!("{key}.lease");
+    if duration.is_zero() || duration > std::time::Duration::from_secs(1) {
+        errors.at(
+            span.clone(),
+            &field,
+            "out of range: longer than zero, at most 1s (a replica holds a lease's tokens that long)",
+        );
+    }
+    let bucket = raw.quota.is_none() && raw.period.is_none() && raw.concurrency.is_none();
+    if !bucket || delay || raw.adaptive.is_some() || raw.tiers.is_some() {
+        errors.at(
+            span.clone(),
+            &field,
+            "a lease is for a plain token bucket: not with a calendar quota, a concurrency limit, on_limit = \"delay\", an adaptive penalty or tiers",
+        );
+    }
+    let per_lease = rate.per_second() * duration.as_secs_f64();
+    if bucket && capacity < per_lease * 4.0 {
+        errors.at(
+            span,
+            field,
+            format!(
+                "capacity {capacity} is smaller than four leases' worth (rate × lease × 4 = {}): one replica's lease would starve the others; shorten the lease or raise the capacity",
+                per_lease * 4.0
+            ),
+        );
+    }
+    Some(duration)
 }

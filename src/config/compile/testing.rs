@@ -186,6 +186,53 @@ fn a_delay_is_a_token_buckets_within_a_minute() {
 }
 
 #[test]
+fn a_lease_is_a_plain_buckets_within_a_second_and_four_leases_of_capacity() {
+    let global = "[limits.everyone]\nkey = \"global\"\ncapacity = 100000\nrate = \"50000/s\"\nlease = \"20ms\"\n";
+    let redis = policy(&format!(
+        "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nhash_key = \"0123456789abcdef\"\n{global}"
+    ));
+    assert_eq!(
+        redis.limits[0].lease,
+        Some(std::time::Duration::from_millis(20))
+    );
+    assert!(
+        !redis
+            .warnings
+            .iter()
+            .any(|warning| warning.contains("lease")),
+        "{:?}",
+        redis.warnings
+    );
+    let memory = policy(global);
+    assert!(
+        memory
+            .warnings
+            .iter()
+            .any(|warning| warning.contains("only the Redis store")),
+        "{:?}",
+        memory.warnings
+    );
+    limit_refused_with(&[
+        (
+            "capacity = 1000\nrate = \"10/s\"\nlease = \"2s\"",
+            "at most 1s",
+        ),
+        (
+            "capacity = 30\nrate = \"100/s\"\nlease = \"100ms\"",
+            "four leases' worth",
+        ),
+        (
+            "quota = 100\nperiod = \"day\"\nlease = \"10ms\"",
+            "plain token bucket",
+        ),
+        (
+            "capacity = 100\nrate = \"10/s\"\non_limit = \"delay\"\nlease = \"10ms\"",
+            "plain token bucket",
+        ),
+    ]);
+}
+
+#[test]
 fn a_grpc_service_behind_an_http1_upstream_is_warned_of() {
     let text = "[upstreams.app]\nurl = \"http://127.0.0.1:3000\"\n[upstreams.grpc]\nurl = \"h2c://127.0.0.1:50051\"\n[[routes]]\nname = \"users\"\npath_prefix = \"/acme.users.v1.Users/\"\nupstream = \"app\"\n[[routes]]\nname = \"orders\"\npath_prefix = \"/acme.Orders/\"\nupstream = \"grpc\"\n[[routes]]\nname = \"versioned\"\npath_prefix = \"/v1.2/\"\nupstream = \"app\"\n";
     let warnings = policy(text).warnings;

@@ -17,7 +17,7 @@
 use std::sync::{Arc, OnceLock};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use prometheus::{Histogram, HistogramOpts};
+use prometheus::{Histogram, HistogramOpts, IntCounter};
 use redis::aio::ConnectionManager;
 use redis::Script;
 use tokio::sync::{mpsc, oneshot};
@@ -56,6 +56,7 @@ pub(super) struct Batcher {
     queue: OnceLock<mpsc::UnboundedSender<Queued>>,
     /// Requests per call: the gateway's metric, or one of the batcher's own.
     sizes: Histogram,
+    calls: IntCounter,
 }
 
 impl Batcher {
@@ -66,13 +67,16 @@ impl Batcher {
             "Requests decided per call.",
         ))
         .expect("valid histogram");
-        Batcher::observed_by(sizes)
+        let calls = IntCounter::new("calls", "Calls made.").expect("valid counter");
+        Batcher::observed_by(sizes, calls)
     }
 
-    pub(super) fn observed_by(sizes: Histogram) -> Batcher {
+    /// Records the requests each call decides in `sizes`, and counts the calls in `calls`.
+    pub(super) fn observed_by(sizes: Histogram, calls: IntCounter) -> Batcher {
         Batcher {
             queue: OnceLock::new(),
             sizes,
+            calls,
         }
     }
 
@@ -95,6 +99,7 @@ impl Batcher {
                 receiver,
                 Observers {
                     sizes: self.sizes.clone(),
+                    calls: self.calls.clone(),
                     late: late.clone(),
                     server_clock: server_clock.clone(),
                 },
@@ -138,6 +143,7 @@ impl std::fmt::Debug for Batcher {
 /// What the sender reports to, and the server clock it keeps.
 struct Observers {
     sizes: Histogram,
+    calls: IntCounter,
     late: LateCalls,
     server_clock: Arc<ServerClock>,
 }
@@ -191,6 +197,7 @@ async fn send_batches(
             }
             if !batch.is_empty() {
                 observers.sizes.observe(batch.len() as f64);
+                observers.calls.inc();
                 in_flight.push(call(connection.clone(), &script, batch, &observers));
             }
         }

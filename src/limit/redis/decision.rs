@@ -21,8 +21,22 @@ impl RedisStore {
     }
 
     /// Decides `requests` and, in the same call, takes the leases `leasing` asks for if the
-    /// request is admitted (all or none, with the buckets).
+    /// request is admitted (all or none, with the buckets). Leased buckets (token leases)
+    /// are spent from this replica's lease first.
     pub async fn decide_leasing(
+        &self,
+        requests: &[BucketRequest<'_>],
+        leasing: Option<&Leasing<'_>>,
+    ) -> Result<(Decision, Leased), StoreError> {
+        if requests.iter().any(|request| request.lease.is_some()) {
+            return self.decide_with_token_leases(requests, leasing).await;
+        }
+        self.decide_shared(requests, leasing).await
+    }
+
+    /// Decides `requests` (none of them leased) and takes `leasing`'s slots in one call, or
+    /// refuses from the deny cache.
+    pub(super) async fn decide_shared(
         &self,
         requests: &[BucketRequest<'_>],
         leasing: Option<&Leasing<'_>>,

@@ -20,7 +20,7 @@ fn reset_channel(prefix: &str) -> String {
 }
 
 impl RedisStore {
-    fn store_key(&self, key: &BucketKey<'_>) -> String {
+    pub(super) fn store_key(&self, key: &BucketKey<'_>) -> String {
         super::StoreKeys::new(&self.prefix, std::iter::once(key))[0].to_owned()
     }
 
@@ -28,6 +28,7 @@ impl RedisStore {
         &self,
         command: redis::Cmd,
     ) -> Result<T, StoreError> {
+        self.calls.inc();
         let result = match &self.connection {
             Connection::Single(manager) => command.query_async(&mut manager.clone()).await,
             Connection::Cluster(_) => command.query_async(&mut self.cluster().await?).await,
@@ -86,6 +87,7 @@ impl RedisStore {
         delete.arg(&key);
         let _: i64 = self.query(delete).await?;
         self.deny_cache.forget(&key);
+        self.leases.forget(&key);
         let mut publish = redis::cmd("PUBLISH");
         publish.arg(reset_channel(&self.prefix)).arg(&key);
         let _: i64 = self.query(publish).await?;
@@ -118,6 +120,7 @@ impl RedisStore {
                             (&shared.store, message.get_payload::<String>())
                         {
                             redis.deny_cache.forget(&key);
+                            redis.leases.forget(&key);
                         }
                     }
                 }

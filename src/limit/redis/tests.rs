@@ -35,6 +35,7 @@ async fn the_deny_cache_refuses_a_delaying_bucket_only_once_its_debt_is_booked_u
         },
         adaptive: None,
         route_limit: 0,
+        lease: None,
     };
     let requests = [request];
     let keys = StoreKeys::new(&store.prefix, requests.iter().map(|request| &request.key));

@@ -24,8 +24,9 @@ wait_for_port() {
   exit 1
 }
 
-# three_limit_policy PORT ADMIN_PORT UPSTREAM_PORT STORE_SECTION CAPACITY RATE
-# A route with a client-network, a header and a global limit.
+# three_limit_policy PORT ADMIN_PORT UPSTREAM_PORT STORE_SECTION CAPACITY RATE [GLOBAL_EXTRA]
+# A route with a client-network, a header and a global limit (GLOBAL_EXTRA: more of the global
+# limit's settings, such as a lease).
 three_limit_policy() {
   cat <<CONF
 [server]
@@ -47,6 +48,7 @@ rate = "$6"
 key = "global"
 capacity = $5
 rate = "$6"
+${7:-}
 [[routes]]
 name = "bench"
 path_prefix = "/"

@@ -7,6 +7,7 @@
 #   bench/redis_script.sh path/to/other.lua  # a variant, for comparison in the same run
 #   BATCH=8 bench/redis_script.sh            # 8 requests on the same buckets per call, as
 #                                            # the gateway batches them under load
+#   BUCKETS=1 bench/redis_script.sh          # one-bucket decisions (1 to 3; default 3)
 #   INSTRUCTIONS=1 bench/redis_script.sh     # redis-server's instructions per call, counted by
 #                                            # callgrind: steady where the µs swing with the
 #                                            # machine's load
@@ -28,13 +29,22 @@ script=${1:-src/limit/decide.lua}
 # Per bucket: capacity, rate, cost, enforce, adaptive factor (0: none), adaptive minimum.
 bucket="1000000000000 1000000000 1 1 0 0"
 batch=${BATCH:-1}
+buckets=${BUCKETS:-3}
+if [[ ! "$buckets" =~ ^[1-3]$ ]]; then
+  echo "bench: BUCKETS=$buckets: 1, 2 or 3" >&2
+  exit 1
+fi
 keys=('{bench}per_network:v4:127.0.0.1/32' '{bench}per_user:h:0fa000000000000000000000000000ff'
   '{bench}everyone:global')
-# One shape of three buckets, then per request: its shape and its three keys.
-# shellcheck disable=SC2206 # the buckets' numbers are separate arguments
-arguments=(1 3 $bucket $bucket $bucket)
+keys=("${keys[@]:0:$buckets}")
+# The deadline (0: none), one shape of the buckets, then per request: its shape and its keys.
+arguments=(0 1 "$buckets")
+for ((index = 1; index <= buckets; index++)); do
+  # shellcheck disable=SC2206 # the bucket's numbers are separate arguments
+  arguments+=($bucket)
+done
 for ((request = 0; request < batch; request++)); do
-  arguments+=(1 1 2 3)
+  arguments+=(1 $(seq -s ' ' 1 "$buckets"))
 done
 
 # start_redis [WRAPPER...]: a private redis-server on a free port; sets $port and $redis.
@@ -48,7 +58,7 @@ start_redis() {
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
 }
 
-# calls N: N calls of BATCH three-bucket decisions each, from redis-benchmark on CPU 0.
+# calls N: N calls of BATCH decisions of BUCKETS buckets each, from redis-benchmark on CPU 0.
 calls() {
   local sha
   sha=$(redis-cli -p "$port" script load "$(cat "$script")")
@@ -61,7 +71,7 @@ if [[ -z "${INSTRUCTIONS:-}" ]]; then
   calls 200000
   stats=$(redis-cli -p "$port" info commandstats | grep '^cmdstat_evalsha:')
   per_call=$(grep -o 'usec_per_call=[0-9.]*' <<<"$stats" | cut -d= -f2)
-  echo "$script: $(python3 -c "print(f'{$per_call / $batch:.2f}')") µs of Redis CPU per three-bucket decision ($batch per call)"
+  echo "$script: $(python3 -c "print(f'{$per_call / $batch:.2f}')") µs of Redis CPU per $buckets-bucket decision ($batch per call)"
   exit 0
 fi
 
@@ -77,4 +87,4 @@ instructions() {
 }
 few=$(instructions 1000)
 many=$(instructions 11000)
-echo "$script: $(((many - few) / 10000 / batch)) redis-server instructions per three-bucket decision ($batch per call)"
+echo "$script: $(((many - few) / 10000 / batch)) redis-server instructions per $buckets-bucket decision ($batch per call)"

@@ -7,7 +7,8 @@
 # Rows: 1 the upstream directly; 2 nginx proxy_pass (keep-alive pool, 1 worker); 3 nginx with
 # limit_req by client address that never rejects; 4 tollgate, memory store, one worker thread,
 # three limits (client network, header key, global) that never reject; 5 the same with the
-# Redis store (a local redis-server); 6 the refusal path: nginx and tollgate with a limit that
+# Redis store (a local redis-server); 5b the same with the global limit leased (`lease`, each
+# replica takes its tokens in batches); 6 the refusal path: nginx and tollgate with a limit that
 # refuses nearly every request (429 throughput).
 # The load generator (wrk) and the upstream run on CPU 0, the proxy on CPU 1: they never share
 # a core. Per row: requests/s, p50, p99, the proxy's CPU µs per request (from /proc/PID/stat
@@ -123,10 +124,10 @@ start_nginx() {
 
 # tollgate with one worker thread on the proxy CPU; prints its PID.
 start_tollgate() {
-  local name=$1 port=$2 store=$3 capacity=$4 rate=$5
+  local name=$1 port=$2 store=$3 capacity=$4 rate=$5 global_extra=${6:-}
   local admin
   admin=$(free_port)
-  three_limit_policy "$port" "$admin" "$upstream_port" "$store" "$capacity" "$rate" > "$work/$name.toml"
+  three_limit_policy "$port" "$admin" "$upstream_port" "$store" "$capacity" "$rate" "$global_extra" > "$work/$name.toml"
   RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c "$PROXY_CPU" \
     ./target/release/tollgate --worker-threads 1 run --config "$work/$name.toml" >/dev/null 2>"$work/$name.log" &
   local pid=$!
@@ -147,8 +148,18 @@ backend = \"redis\"
 url = \"redis://127.0.0.1:$redis_port\"
 timeout = \"1s\""
 
-echo "running $((7 * DURATION * ROUNDS)) s of load: $ROUNDS rounds, ${CONNECTIONS} connections..." >&2
+echo "running $((8 * DURATION * ROUNDS)) s of load: $ROUNDS rounds, ${CONNECTIONS} connections..." >&2
 redis_calls=0 redis_usec=0 redis_requests=0
+leased_calls=0 leased_usec=0 leased_requests=0
+
+# Redis's script calls and their CPU µs since the last reset, from INFO commandstats.
+script_stats() {
+  local stats calls usec
+  stats=$(redis-cli -p "$redis_port" info commandstats | grep -E '^cmdstat_(evalsha|eval):' || true)
+  calls=$(grep -o 'calls=[0-9]*' <<<"$stats" | cut -d= -f2 | paste -sd+ | bc)
+  usec=$(grep -o 'usec=[0-9]*' <<<"$stats" | cut -d= -f2 | paste -sd+ | bc)
+  echo "${calls:-0} ${usec:-0}"
+}
 for round in $(seq "$ROUNDS"); do
 echo " round $round of $ROUNDS" >&2
 measure "1 upstream directly" "http://127.0.0.1:$upstream_port/"
@@ -167,12 +178,19 @@ port=$(free_port); pid=$(start_tollgate redis "$port" "$redis_store" "$never" "1
 redis-cli -p "$redis_port" config resetstat >/dev/null
 measure "5 tollgate redis, 3 limits" "http://127.0.0.1:$port/" "$pid"; stop "$pid"
 # Decisions share script calls under load: how many per call, and Redis's CPU per request.
-redis_stats=$(redis-cli -p "$redis_port" info commandstats | grep '^cmdstat_evalsha:' || true)
-calls=$(grep -o 'calls=[0-9]*' <<<"$redis_stats" | head -1 | cut -d= -f2)
-usec=$(grep -o 'usec=[0-9]*' <<<"$redis_stats" | head -1 | cut -d= -f2)
-redis_calls=$((redis_calls + ${calls:-0}))
-redis_usec=$((redis_usec + ${usec:-0}))
+read -r calls usec < <(script_stats)
+redis_calls=$((redis_calls + calls))
+redis_usec=$((redis_usec + usec))
 redis_requests=$((redis_requests + measured_requests))
+
+port=$(free_port)
+pid=$(start_tollgate leased "$port" "$redis_store" "$never" "1000000000/s" 'lease = "20ms"')
+redis-cli -p "$redis_port" config resetstat >/dev/null
+measure "5b tollgate redis, global leased" "http://127.0.0.1:$port/" "$pid"; stop "$pid"
+read -r calls usec < <(script_stats)
+leased_calls=$((leased_calls + calls))
+leased_usec=$((leased_usec + usec))
+leased_requests=$((leased_requests + measured_requests))
 
 port=$(free_port)
 nginx_pids=$(start_nginx refuse "$port" "$nginx_refuse_directives" "$nginx_refuse_zone")
@@ -182,7 +200,9 @@ port=$(free_port); pid=$(start_tollgate refuse "$port" "" 1 "1/h")
 measure "6b tollgate refusing (429)" "http://127.0.0.1:$port/" "$pid"; stop "$pid"
 done
 redis_summary=$(awk -v calls="$redis_calls" -v usec="$redis_usec" -v n="$redis_requests" \
-  'BEGIN {if (calls > 0) printf "row 5: %.1f requests per Redis script call, %.2f µs of Redis CPU per request", n / calls, usec / n}')
+  -v lcalls="$leased_calls" -v lusec="$leased_usec" -v ln="$leased_requests" \
+  'BEGIN {if (calls > 0) printf "row 5: %.1f requests per Redis script call, %.2f µs of Redis CPU per request\n", n / calls, usec / n;
+          if (lcalls > 0) printf "row 5b: %.1f requests per Redis script call, %.2f µs of Redis CPU per request", ln / lcalls, lusec / ln}')
 
 python3 - "$results" <<'PY'
 import statistics
@@ -230,8 +250,9 @@ def per_round(numerator, denominator, field):
     return " ".join(f"{a[field] / b[field]:.2f}" for a, b in pairs)
 print("\nper round:")
 print(f"  row 4 ÷ row 3, CPU per request: {per_round(3, 2, 3)}; requests/s: {per_round(3, 2, 0)}; p99: {per_round(3, 2, 2)}")
-print(f"  6b ÷ 6a (429s), CPU per request: {per_round(6, 5, 3)}; requests/s: {per_round(6, 5, 0)}")
+print(f"  6b ÷ 6a (429s), CPU per request: {per_round(7, 6, 3)}; requests/s: {per_round(7, 6, 0)}")
 print(f"  row 5 ÷ row 4, requests/s: {per_round(4, 3, 0)}")
+print(f"  row 5b ÷ row 4, requests/s: {per_round(5, 3, 0)}")
 PY
 echo
 echo "$redis_summary"

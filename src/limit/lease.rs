@@ -111,14 +111,14 @@ impl Leases {
         });
         if now < held.until && held.tokens >= charge.cost {
             held.tokens -= charge.cost;
-            return Take::Spent(held.tokens + held.store_tokens);
+            return Take::Spent((held.tokens + held.store_tokens).min(charge.capacity));
         }
         if let Some(refilling) = &held.refilling {
             return Take::Wait(refilling.clone());
         }
         if now < held.next_call {
             return Take::Refused {
-                tokens: held.tokens + held.store_tokens,
+                tokens: (held.tokens + held.store_tokens).min(charge.capacity),
                 wait: held.next_call.saturating_elapsed_since(now).as_secs_f64(),
             };
         }
@@ -181,10 +181,10 @@ impl Refill<'_> {
         drop(self.done.take());
         if held.tokens >= charge.cost {
             held.tokens -= charge.cost;
-            Take::Spent(held.tokens + held.store_tokens)
+            Take::Spent((held.tokens + held.store_tokens).min(charge.capacity))
         } else {
             Take::Refused {
-                tokens: held.tokens + held.store_tokens,
+                tokens: (held.tokens + held.store_tokens).min(charge.capacity),
                 wait: lease.as_secs_f64(),
             }
         }

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Redis's own cost per decision: the store's decide script (src/limit/decide.lua) called for
-# three-bucket requests by redis-benchmark against a private redis-server.
+# one- to three-bucket requests against a private redis-server, the calls made by Python into
+# the RESP protocol and sent by `redis-cli --pipe` (the arguments are binary).
 #
 #   bench/redis_script.sh                    # µs of Redis CPU per decision (INFO
 #                                            # commandstats), redis-server alone on CPU 1
 #   bench/redis_script.sh path/to/other.lua  # a variant, for comparison in the same run
+#   ARGUMENTS=text bench/redis_script.sh old.lua  # a decide.lua from before 2026-12-03, whose
+#                                            # arguments were text (git show 59d8613:src/...)
 #   BATCH=8 bench/redis_script.sh            # 8 requests on the same buckets per call, as
 #                                            # the gateway batches them under load
 #   BUCKETS=1 bench/redis_script.sh          # one-bucket decisions (1 to 3; default 3)
@@ -14,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tools=(redis-server redis-cli redis-benchmark taskset python3)
+tools=(redis-server redis-cli taskset python3)
 [[ -n "${INSTRUCTIONS:-}" ]] && tools+=(valgrind callgrind_annotate)
 for tool in "${tools[@]}"; do
   if ! command -v "$tool" >/dev/null; then
@@ -26,26 +29,37 @@ done
 source bench/common.sh
 
 script=${1:-src/limit/decide.lua}
-# Per bucket: capacity, rate, cost, enforce, adaptive factor (0: none), adaptive minimum.
-bucket="1000000000000 1000000000 1 1 0 0"
 batch=${BATCH:-1}
 buckets=${BUCKETS:-3}
 if [[ ! "$buckets" =~ ^[1-3]$ ]]; then
   echo "bench: BUCKETS=$buckets: 1, 2 or 3" >&2
   exit 1
 fi
-keys=('{bench}per_network:v4:127.0.0.1/32' '{bench}per_user:h:0fa000000000000000000000000000ff'
-  '{bench}everyone:global')
-keys=("${keys[@]:0:$buckets}")
-# The deadline (0: none), one shape of the buckets, then per request: its shape and its keys.
-arguments=(0 1 "$buckets")
-for ((index = 1; index <= buckets; index++)); do
-  # shellcheck disable=SC2206 # the bucket's numbers are separate arguments
-  arguments+=($bucket)
-done
-for ((request = 0; request < batch; request++)); do
-  arguments+=(1 $(seq -s ' ' 1 "$buckets"))
-done
+
+# calls_stream SHA N: N calls in RESP, each of BATCH requests on the same BUCKETS buckets
+# (capacity 10^12, 10^9 tokens a second: every request admitted and charged), no deadline.
+calls_stream() {
+  python3 - "$1" "$2" "$batch" "$buckets" "${ARGUMENTS:-binary}" <<'PY'
+import struct, sys
+sha, calls, batch, buckets, form = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+keys = [b'{bench}per_network:v4:127.0.0.1/32', b'{bench}per_user:h:0fa000000000000000000000000000ff',
+        b'{bench}everyone:global'][:buckets]
+# Per bucket: capacity, rate, cost, enforce, adaptive factor (0: none), adaptive minimum.
+bucket = [1e12, 1e9, 1, 1, 0, 0]
+if form == 'binary':
+    blob = struct.pack('<dHH', 0, 1, buckets) + struct.pack('<6d', *bucket) * buckets
+    blob += (struct.pack('<H', 1) + b''.join(struct.pack('<H', i) for i in range(1, buckets + 1))) * batch
+    arguments = [blob]
+else:
+    arguments = [b'0', b'1', str(buckets).encode()] + [b'%d' % n for n in bucket] * buckets
+    arguments += ([b'1'] + [str(i).encode() for i in range(1, buckets + 1)]) * batch
+command = [b'EVALSHA', sha.encode(), str(len(keys)).encode()] + keys + arguments
+resp = b'*%d\r\n' % len(command) + b''.join(b'$%d\r\n%s\r\n' % (len(part), part) for part in command)
+out = sys.stdout.buffer
+for _ in range(calls):
+    out.write(resp)
+PY
+}
 
 # start_redis [WRAPPER...]: a private redis-server on a free port; sets $port and $redis.
 start_redis() {
@@ -58,12 +72,18 @@ start_redis() {
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
 }
 
-# calls N: N calls of BATCH decisions of BUCKETS buckets each, from redis-benchmark on CPU 0.
+# calls N: N calls of BATCH decisions of BUCKETS buckets each, sent from CPU 0.
 calls() {
   local sha
   sha=$(redis-cli -p "$port" script load "$(cat "$script")")
-  taskset -c 0 redis-benchmark -p "$port" -c 8 -n "$1" -q evalsha "$sha" "${#keys[@]}" \
-    "${keys[@]}" "${arguments[@]}" >/dev/null
+  calls_stream "$sha" "$1" >"$work/calls"
+  taskset -c 0 redis-cli -p "$port" --pipe <"$work/calls" >"$work/pipe.out"
+  if ! grep -q 'errors: 0,' "$work/pipe.out"; then
+    echo "bench: the script failed:" >&2
+    redis-cli -p "$port" evalsha "$sha" 0 >&2 || true
+    cat "$work/pipe.out" >&2
+    exit 1
+  fi
 }
 
 if [[ -z "${INSTRUCTIONS:-}" ]]; then

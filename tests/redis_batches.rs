@@ -117,22 +117,14 @@ fn penalise(redis: &RedisServer, prefix: &str) {
     let seconds: u64 = lines.next().unwrap().trim().parse().unwrap();
     let hold = (seconds + 3600) * 1_000_000;
     let key = format!("{prefix}adaptive:v4:{}", NETWORKS[0]);
-    redis.cli(&[
-        "HSET",
-        &key,
-        "level",
-        "1",
-        "hold",
-        &hold.to_string(),
-        "keep",
-        &hold.to_string(),
-    ]);
+    // Tokens far above the capacity, as of now: a full bucket (tokens are capped as read).
+    let now = seconds as f64 * 1e6;
+    let hold = hold as f64;
+    redis.store_bucket(&key, &[1e18, now, 1.0, hold, hold]);
 }
 
 fn stored_tokens(redis: &RedisServer, key: &str) -> Option<f64> {
-    let reply = redis.cli(&["HGET", key, "tokens"]);
-    let reply = reply.trim();
-    (!reply.is_empty()).then(|| reply.parse().expect("tokens"))
+    redis.stored_bucket(key).map(|numbers| numbers[0])
 }
 
 fn assert_same_decisions(alone: &[Decision], batched: &[Decision]) {

@@ -259,11 +259,11 @@ async fn keys_expire_and_carry_no_clear_values() {
         let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().unwrap();
         // Two tokens spent at 1/min: full again in about 120 s (+1 s margin).
         assert!(ttl > 100_000 && ttl <= 121_000, "{key}: PTTL {ttl}");
-        let fields = redis.cli(&["HKEYS", key]);
-        assert_eq!(
-            fields.split_whitespace().collect::<Vec<_>>(),
-            ["tokens", "ts"],
-            "{key}"
+        let stored = redis.stored_bucket(key).expect("a bucket");
+        assert_eq!(stored.len(), 2, "tokens and time only: {key}");
+        assert!(
+            (3.0..3.1).contains(&stored[0]),
+            "two of five tokens spent: {key}: {stored:?}"
         );
     }
     assert!(keys.contains(&"tg:everyone:global".to_owned()));
@@ -1039,10 +1039,12 @@ async fn replicas_share_a_quota_counted_in_the_period_redis_time_says() {
     assert_eq!(hammer(&gateways, "/", vec![], 60, 6).await, 12);
     let keys = redis.cli(&["--scan", "--pattern", "tg:hourly:*"]);
     assert_eq!(keys.trim(), "tg:hourly:global", "one key for the period");
-    let fields = redis.cli(&["HMGET", "tg:hourly:global", "tokens", "p"]);
-    let fields: Vec<&str> = fields.split_whitespace().collect();
     let hour_end = (now / 3600 + 1) * 3600;
-    assert_eq!(fields, ["0", hour_end.to_string().as_str()]);
+    assert_eq!(
+        redis.stored_bucket("tg:hourly:global"),
+        Some(vec![0.0, hour_end as f64]),
+        "the count, and the end of the hour it belongs to"
+    );
     let ttl: u64 = redis
         .cli(&["PTTL", "tg:hourly:global"])
         .trim()
@@ -1140,4 +1142,24 @@ limits = ["{quota}"]
     // Refused by the bucket in another slot: the quota's charge is given back.
     assert_eq!(hammer(&gateways, "/both", vec![], 30, 6).await, 0);
     assert_eq!(hammer(&gateways, "/quota", vec![], 20, 4).await, 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_in_an_earlier_versions_hash_is_taken_over() {
+    // Before 2026-12, a bucket was a hash {tokens, ts}: a fleet upgraded in place finds such
+    // keys, reads them as full buckets and writes them in the current form.
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&policy(&redis.url(), 2, "1/h"), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    redis.cli(&["HSET", "tg:everyone:global", "tokens", "0", "ts", "1"]);
+    let statuses = [
+        client.get("/global", &[]).await.status,
+        client.get("/global", &[]).await.status,
+        client.get("/global", &[]).await.status,
+    ];
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(redis.cli(&["TYPE", "tg:everyone:global"]).trim(), "string");
+    let tokens = redis.stored_bucket("tg:everyone:global").unwrap()[0];
+    assert!(tokens < 0.01, "both tokens spent: {tokens}");
 }

@@ -2,25 +2,27 @@
 -- indivisible step, one request after another, as if each were its own call at the same time.
 --
 -- KEYS: the keys of the batch's buckets and concurrency slots, each once.
--- ARGV: the deadline of the call in the server's time (microseconds; 0: none): a call that
---   runs after it was given up on by the gateway (Redis was paused, busy or failing over)
---   charges nothing and says so. Then the number of shapes, then each shape: its number of
---   buckets n, then per bucket 6 values: capacity, rate (tokens per second), cost, enforce (1;
---   0: shadow; a negative number: enforce, but book tokens the bucket lacks down to that many,
---   `on_limit = "delay"`), factor and min_capacity of the limit's adaptive penalty (factor
---   '0': not adaptive). A calendar quota has rate 0, and in place of factor and min_capacity
---   the end of the period the gateway's clock is in and the end of the next one (Unix
---   seconds). A concurrency limit's slots have enforce 'lease', capacity the number of slots,
---   rate the lease in milliseconds. Then per request: the index of its shape, then for each of
---   the shape's buckets the index of its key in KEYS, then, if the shape has slots, the name
---   of the request's lease. Requests of one route share a shape: its numbers are sent, and
---   read, once per batch.
--- State per bucket: a hash {tokens, ts} where ts is the Redis server's time in microseconds,
--- plus, for keys of adaptive limits, {level, hold, errors, keep} written by outcome.lua. A
--- quota's hash is {tokens, p}: p is the end of the period its count belongs to (the server's
--- clock picks which of the two periods the gateway names); another period's count is a full
--- quota, and the key expires when its period ends. A key's concurrency slots are a sorted set
--- of leases scored by when they expire (ms); expired ones are dropped as the set is read.
+-- ARGV[1]: one binary string, little-endian: the deadline of the call in the server's time (a
+--   double, microseconds; 0: none): a call that runs after it was given up on by the gateway
+--   (Redis was paused, busy or failing over) charges nothing and says so. Then the number of
+--   shapes (u16), then each shape: its number of buckets n (u16), then per bucket 6 doubles:
+--   capacity, rate (tokens per second), cost, enforce (1; 0: shadow; 2: concurrency slots; a
+--   negative number: enforce, but book tokens the bucket lacks down to that many,
+--   `on_limit = "delay"`), factor and min_capacity of the limit's adaptive penalty (factor 0:
+--   not adaptive). A calendar quota has rate 0, and in place of factor and min_capacity the
+--   end of the period the gateway's clock is in and the end of the next one (Unix seconds).
+--   Concurrency slots have capacity the number of slots, rate the lease in milliseconds. Then
+--   per request: the index of its shape (u16), then for each of the shape's buckets the index
+--   of its key in KEYS (u16), then, if the shape has slots, the length (u16) and bytes of the
+--   request's lease name. Requests of one route share a shape: its numbers are sent, and read,
+--   once per batch.
+-- State per bucket: one string of little-endian doubles (key_admin.rs reads it for a person):
+-- tokens and ts, the Redis server's time in microseconds, then for keys of adaptive limits
+-- level, hold and keep and the times of recent errors, written by outcome.lua. A quota's is
+-- tokens and p, the end of the period its count belongs to (the server's clock picks which of
+-- the two periods the gateway names); another period's count is a full quota, and the key
+-- expires when its period ends. A key's concurrency slots are a sorted set of leases scored by
+-- when they expire (ms); expired ones are dropped as the set is read.
 -- The time is the server's (TIME), so replicas with skewed clocks agree.
 --
 -- A penalised key's capacity and rate are multiplied by factor^level (never below
@@ -45,49 +47,56 @@
 -- entry, a table is rebuilt several times. Each of these showed in instruction counts of
 -- redis-server.
 
-local call, tonumber, format, ceil = redis.call, tonumber, string.format, math.ceil
+local call, pcall, ceil = redis.call, redis.pcall, math.ceil
 -- Numbers go back as the bytes of IEEE doubles (struct.pack '<d'): exact, and cheap, where
 -- spelling them with string.format('%.17g') cost a fifth of a batched decision.
-local pack = struct.pack
+local pack, unpack, sub = struct.pack, struct.unpack, string.sub
 local clock = call('TIME')
 local now = clock[1] * 1000000 + clock[2]
-local deadline = tonumber(ARGV[1])
+-- The arguments are one binary string, read with struct.unpack: converting numbers from text
+-- (strtod) cost more than the Redis commands of a bucket.
+local arguments = ARGV[1]
+local deadline, shape_count, pos = unpack('<dH', arguments)
 if deadline > 0 and now > deadline then
   return pack('<dB', now, 1)
 end
 
 -- Per shape: { n, then per bucket from (i - 1) * 6 + 1: capacity, rate, cost, enforce (a
--- boolean, or for a delaying bucket the lowest tokens it may book down to), factor (false: not
--- adaptive) and min_capacity (as text) }.
+-- boolean, 'lease' for concurrency slots, or for a delaying bucket the lowest tokens it may
+-- book down to), factor (false: not adaptive) and min_capacity; for a quota, factor false and
+-- the end of the period its count belongs to }, and `leases` if it has slots.
 local shapes = {}
-local argument = 3
-for s = 1, tonumber(ARGV[2]) do
-  local count = tonumber(ARGV[argument])
+for s = 1, shape_count do
+  local count
+  count, pos = unpack('<H', arguments, pos)
   local shape = { count, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
   for i = 1, count do
-    local from, to = argument + (i - 1) * 6, (i - 1) * 6 + 1
-    shape[to + 1], shape[to + 2] = tonumber(ARGV[from + 1]), tonumber(ARGV[from + 2])
-    local enforce = ARGV[from + 4]
-    if enforce == 'lease' then
-      shape.leases = true
-    else
-      enforce = enforce == '1' or (enforce ~= '0' and tonumber(enforce))
+    local to = (i - 1) * 6 + 1
+    local capacity, rate, cost, enforce, factor, min_capacity
+    capacity, rate, cost, enforce, factor, min_capacity, pos = unpack('<dddddd', arguments, pos)
+    if enforce == 2 then
+      enforce, shape.leases = 'lease', true
+    elseif enforce >= 0 then
+      enforce = enforce == 1
     end
-    shape[to + 3], shape[to + 4] = tonumber(ARGV[from + 3]), enforce
-    -- Adaptive numbers are only read for a penalised key.
-    shape[to + 5] = ARGV[from + 5] ~= '0' and ARGV[from + 5]
-    shape[to + 6] = ARGV[from + 6]
+    shape[to + 1], shape[to + 2], shape[to + 3], shape[to + 4] = capacity, rate, cost, enforce
+    if rate == 0 then
+      -- A quota counts in the period the server's clock is in, of the two the gateway named.
+      if now >= factor * 1000000 then factor = min_capacity end
+      shape[to + 5], shape[to + 6] = false, factor
+    else
+      shape[to + 5], shape[to + 6] = factor ~= 0 and factor, min_capacity
+    end
   end
   shapes[s] = shape
-  argument = argument + 1 + count * 6
 end
 
 -- Leases of concurrency slots are scored by when they expire, in milliseconds.
 local now_ms = (now - now % 1000) / 1000
 
 -- Per key of KEYS (by index) once read: { tokens now (false: none stored), level, hold,
--- keep, penalty read (whether level, hold and keep were read), and once charged: the expiry
--- in ms and the tokens to store }.
+-- keep, the stored adaptive state as bytes ('' if none), and once charged: the expiry in ms
+-- and the tokens to store; for a quota, the end of its period }.
 local seen = { false, false, false, false }
 -- Per bucket of the current request, from (i - 1) * 6: its entry in `seen`, tokens now,
 -- capacity, rate, multiplier, cost.
@@ -107,15 +116,18 @@ local function free_slots(index, slots)
   end
   return entry, slots - entry[1]
 end
-local arguments = #ARGV
+local size = #arguments
 
-while argument <= arguments do
-  local shape = shapes[tonumber(ARGV[argument])]
+while pos <= size do
+  local shape_index
+  shape_index, pos = unpack('<H', arguments, pos)
+  local shape = shapes[shape_index]
   local count = shape[1]
   local admitted = true
   for i = 1, count do
     local at = (i - 1) * 6 + 1
-    local index = tonumber(ARGV[argument + i])
+    local index
+    index, pos = unpack('<H', arguments, pos)
     if shape[at + 4] == 'lease' then
       local entry, free = free_slots(index, shape[at + 1])
       local base = (i - 1) * 6
@@ -126,43 +138,33 @@ while argument <= arguments do
       local capacity, rate, factor = shape[at + 1], shape[at + 2], shape[at + 5]
       local entry = seen[index]
       local elapsed = 0
-      if rate == 0 then
-        if not entry then
-          local period = factor
-          if now >= tonumber(period) * 1000000 then period = shape[at + 6] end
-          local stored = call('HMGET', KEYS[index], 'tokens', 'p')
-          entry = { false, 0, 0, 0, false, false, false, period }
-          if stored[1] and tonumber(stored[2]) == tonumber(period) then entry[1] = stored[1] end
-          seen[index] = entry
+      if not entry then
+        -- A key of another type (a hash of an earlier version's format) reads as none.
+        local stored = pcall('GET', KEYS[index])
+        entry = { false, 0, 0, 0, '', false, false, false }
+        if type(stored) == 'string' and #stored >= 16 then
+          local tokens, second = unpack('<dd', stored)
+          if rate == 0 then
+            -- A quota's count belongs to the period that ends at `second`.
+            if second == shape[at + 6] then entry[1] = tokens end
+          else
+            entry[1] = tokens
+            elapsed = now - second
+            if elapsed < 0 then elapsed = 0 end
+            if #stored > 16 then
+              entry[5] = sub(stored, 17)
+              entry[2], entry[3], entry[4] = unpack('<ddd', stored, 17)
+            end
+          end
         end
-        factor = false
-      elseif not entry then
-        local stored
-        if factor then
-          stored = call('HMGET', KEYS[index], 'tokens', 'ts', 'level', 'hold', 'keep')
-          entry = { false, tonumber(stored[3]) or 0, tonumber(stored[4]) or 0,
-            tonumber(stored[5]) or 0, true, false, false }
-        else
-          -- Not adaptive: the penalty fields are never written, so only these two are read.
-          stored = call('HMGET', KEYS[index], 'tokens', 'ts')
-          entry = { false, 0, 0, 0, false, false, false }
-        end
-        if stored[1] and stored[2] then
-          entry[1] = stored[1]
-          elapsed = now - stored[2]
-          if elapsed < 0 then elapsed = 0 end
-        end
+        if rate == 0 then entry[8] = shape[at + 6] end
         seen[index] = entry
-      elseif factor and not entry[5] then
-        local stored = call('HMGET', KEYS[index], 'level', 'hold', 'keep')
-        entry[2], entry[3] = tonumber(stored[1]) or 0, tonumber(stored[2]) or 0
-        entry[4], entry[5] = tonumber(stored[3]) or 0, true
       end
       local multiplier = 1
       if factor and entry[2] > 0 and now < entry[3] then
-        local floor = tonumber(shape[at + 6]) / capacity
+        local floor = shape[at + 6] / capacity
         if floor > 1 then floor = 1 end
-        multiplier = tonumber(factor) ^ entry[2]
+        multiplier = factor ^ entry[2]
         if multiplier < floor then multiplier = floor end
         capacity = capacity * multiplier
         rate = rate * multiplier
@@ -188,6 +190,14 @@ while argument <= arguments do
     end
   end
 
+  local lease_name
+  if shape.leases then
+    local length
+    length, pos = unpack('<H', arguments, pos)
+    lease_name = sub(arguments, pos, pos + length - 1)
+    pos = pos + length
+  end
+
   replied = replied + 1
   reply[replied] = admitted and '\1' or '\0'
   for i = 1, count do
@@ -196,7 +206,7 @@ while argument <= arguments do
     if entry[2] == 'lease' then
       if admitted then
         local key, lease = KEYS[entry[3]], state[base + 4]
-        call('ZADD', key, now_ms + lease, ARGV[argument + count + 1])
+        call('ZADD', key, now_ms + lease, lease_name)
         call('PEXPIRE', key, lease + 1000)
         entry[1], tokens = entry[1] + 1, tokens - 1
       end
@@ -206,7 +216,7 @@ while argument <= arguments do
       tokens = tokens - state[base + 6]
       local expire_ms
       if entry[8] then
-        expire_ms = ceil(tonumber(entry[8]) * 1000 - now / 1000)
+        expire_ms = ceil(entry[8] * 1000 - now / 1000)
       else
         expire_ms = ceil((state[base + 3] - tokens) / state[base + 4] * 1000)
         local keep_ms = ceil((entry[4] - now) / 1000)
@@ -227,22 +237,15 @@ while argument <= arguments do
       end
     end
   end
-  argument = argument + 1 + count
-  if shape.leases then argument = argument + 1 end
 end
 
-local now_text = format('%d', now)
 for index = 1, #KEYS do
   local entry = seen[index]
   if entry and entry[6] then
     local expire_ms = entry[6]
     if expire_ms > 315360000000 then expire_ms = 315360000000 end
-    if entry[8] then
-      call('HSET', KEYS[index], 'tokens', format('%.17g', entry[7]), 'p', entry[8])
-    else
-      call('HSET', KEYS[index], 'tokens', format('%.17g', entry[7]), 'ts', now_text)
-    end
-    call('PEXPIRE', KEYS[index], format('%d', expire_ms + 1000))
+    call('SET', KEYS[index], pack('<dd', entry[7], entry[8] or now) .. entry[5], 'PX',
+      expire_ms + 1000)
   end
 end
 return table.concat(reply, '', 1, replied)

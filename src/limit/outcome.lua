@@ -7,6 +7,9 @@
 --   9 values: capacity, rate, extra tokens, error (1/0), threshold,
 --   window (µs), factor (0: not adaptive), min_capacity, hold (µs).
 --
+-- State: decide.lua's one string of little-endian doubles per bucket: tokens and ts, then
+-- level, hold and keep, then the times of the key's recent errors.
+--
 -- An extra charge may take the bucket into debt, down to -capacity. An error is added to the
 -- key's recent errors (at most `threshold`, none older than `window`); the threshold-th trips
 -- the key: level + 1, errors cleared, tokens clamped to the reduced capacity. Any error of a
@@ -41,31 +44,36 @@ for i = 1, #KEYS do
   local floor = math.min(1, tonumber(ARGV[base + 8]) / capacity)
   local hold_for = tonumber(ARGV[base + 9])
 
-  local state = redis.call('HMGET', KEYS[i], 'tokens', 'ts', 'level', 'hold', 'errors')
-  local level = tonumber(state[3]) or 0
-  local hold = tonumber(state[4]) or 0
+  -- The bucket as decide.lua stores it; a key of another type (an earlier version's hash)
+  -- reads as none.
+  local stored = redis.pcall('GET', KEYS[i])
+  if type(stored) ~= 'string' or #stored < 16 then stored = false end
+  local level, hold = 0, 0
+  local errors = {}
+  if stored and #stored >= 40 then
+    level, hold = struct.unpack('<dd', stored, 17)
+    for at = 41, #stored - 7, 8 do
+      local stamp = struct.unpack('<d', stored, at)
+      if stamp >= now - window then
+        errors[#errors + 1] = stamp
+      end
+    end
+  end
   if now >= hold then
     level = 0
   end
   local m = multiplier(factor, level, floor)
   local tokens = capacity * m
-  if state[1] and state[2] then
-    local elapsed = math.max(0, now - tonumber(state[2])) / 1000000
-    tokens = math.min(capacity * m, tonumber(state[1]) + elapsed * rate * m)
+  if stored then
+    local stored_tokens, ts = struct.unpack('<dd', stored)
+    local elapsed = math.max(0, now - ts) / 1000000
+    tokens = math.min(capacity * m, stored_tokens + elapsed * rate * m)
   end
   tokens = math.max(-capacity * m, tokens - extra)
 
-  local errors = {}
-  if state[5] then
-    for stamp in string.gmatch(state[5], '%d+') do
-      if tonumber(stamp) >= now - window then
-        errors[#errors + 1] = stamp
-      end
-    end
-  end
   local tripped = false
   if is_error and factor > 0 then
-    errors[#errors + 1] = string.format('%d', now)
+    errors[#errors + 1] = now
     while #errors > threshold do
       table.remove(errors, 1)
     end
@@ -86,15 +94,16 @@ for i = 1, #KEYS do
     keep = hold
   end
   if #errors > 0 then
-    keep = math.max(keep, tonumber(errors[#errors]) + window)
+    keep = math.max(keep, errors[#errors] + window)
   end
-  redis.call('HSET', KEYS[i],
-    'tokens', string.format('%.17g', tokens), 'ts', string.format('%d', now),
-    'level', string.format('%d', level), 'hold', string.format('%d', hold),
-    'errors', table.concat(errors, ','), 'keep', string.format('%d', keep))
+  local packed = { struct.pack('<ddddd', tokens, now, level, hold, keep) }
+  for _, stamp in ipairs(errors) do
+    packed[#packed + 1] = struct.pack('<d', stamp)
+  end
   local refill_ms = math.ceil((capacity * m - tokens) / (rate * m) * 1000)
   local keep_ms = math.ceil((keep - now) / 1000)
-  redis.call('PEXPIRE', KEYS[i], string.format('%d', math.min(math.max(refill_ms, keep_ms, 0), 315360000000) + 1000))
+  redis.call('SET', KEYS[i], table.concat(packed), 'PX',
+    string.format('%d', math.min(math.max(refill_ms, keep_ms, 0), 315360000000) + 1000))
   reply[#reply + 1] = tripped and '1' or '0'
 end
 return reply

@@ -84,6 +84,35 @@ impl RedisServer {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// A bucket's state as the gateway stores it (little-endian doubles: tokens, then the time
+    /// of the last charge or a quota's period, then any adaptive state); `None`: no key.
+    pub fn stored_bucket(&self, key: &str) -> Option<Vec<f64>> {
+        const READ: &str = "local v = redis.call('GET', KEYS[1]) \
+            if not v then return 'none' end \
+            local out = {} \
+            for at = 1, #v - 7, 8 do out[#out + 1] = string.format('%.17g', (struct.unpack('<d', v, at))) end \
+            return table.concat(out, ' ')";
+        let reply = self.cli(&["EVAL", READ, "1", key]);
+        let reply = reply.trim();
+        (reply != "none").then(|| {
+            reply
+                .split(' ')
+                .map(|number| number.parse().expect("a number"))
+                .collect()
+        })
+    }
+
+    /// Writes a bucket's state as the gateway stores it, the numbers as little-endian doubles.
+    pub fn store_bucket(&self, key: &str, numbers: &[f64]) {
+        const WRITE: &str = "local out = {} \
+            for i = 1, #ARGV do out[i] = struct.pack('<d', tonumber(ARGV[i])) end \
+            return redis.call('SET', KEYS[1], table.concat(out))";
+        let numbers: Vec<String> = numbers.iter().map(|number| format!("{number:e}")).collect();
+        let mut args = vec!["EVAL", WRITE, "1", key];
+        args.extend(numbers.iter().map(String::as_str));
+        assert_eq!(self.cli(&args).trim(), "OK");
+    }
+
     /// Stops the server (by the PID this test started).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

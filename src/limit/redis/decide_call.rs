@@ -7,7 +7,6 @@ use redis::Script;
 use smallvec::SmallVec;
 
 use super::server_clock::{LateCalls, ServerClock};
-use super::Number;
 use crate::limit::{BucketRequest, Charge, StoreError, Verdict};
 
 /// What `decide.lua` needs to know of one bucket besides its key.
@@ -63,6 +62,17 @@ impl BucketArguments {
 
     pub(super) fn is_lease(&self) -> bool {
         self.lease
+    }
+
+    /// `decide.lua`'s enforce number: 1, 0 for shadow, 2 for concurrency slots, or for a
+    /// delaying bucket the (negative) tokens it may book down to.
+    fn enforce_code(&self) -> f64 {
+        match self {
+            BucketArguments { lease: true, .. } => 2.0,
+            BucketArguments { enforce: false, .. } => 0.0,
+            BucketArguments { debt, .. } if *debt > 0.0 => -debt,
+            _ => 1.0,
+        }
     }
 }
 
@@ -163,18 +173,46 @@ impl<'a> DecideCall<'a> {
         self.bucket_counts.push(shape.len());
     }
 
-    /// The call, with its deadline in the server's time (microseconds; 0: none).
+    /// The call, with its deadline in the server's time (microseconds; 0: none): the keys,
+    /// then one binary argument (little-endian) that `decide.lua` reads with `struct.unpack`.
     pub(super) fn command(&self, script: &Script, deadline: u64) -> redis::Cmd {
         let key_bytes = self.keys.iter().map(|key| key.len()).sum::<usize>();
-        let shape_arguments = self
-            .shapes
-            .iter()
-            .map(|shape| 1 + 6 * shape.len())
-            .sum::<usize>();
-        let arguments = 5 + self.keys.len() + shape_arguments + self.requests.len();
-        // Sized up front: grown argument by argument, the buffers would be reallocated
-        // several times per call.
-        let mut command = redis::Cmd::with_capacity(arguments, 64 + key_bytes + 24 * arguments);
+        let mut arguments = Vec::with_capacity(
+            10 + self
+                .shapes
+                .iter()
+                .map(|shape| 2 + 48 * shape.len())
+                .sum::<usize>()
+                + 4 * self.requests.len(),
+        );
+        arguments.extend_from_slice(&(deadline as f64).to_le_bytes());
+        push_u16(&mut arguments, self.shapes.len());
+        for shape in &self.shapes {
+            push_u16(&mut arguments, shape.len());
+            for bucket in shape.iter() {
+                for number in [
+                    bucket.capacity,
+                    bucket.rate,
+                    bucket.cost,
+                    bucket.enforce_code(),
+                    bucket.factor,
+                    bucket.min_capacity,
+                ] {
+                    arguments.extend_from_slice(&number.to_le_bytes());
+                }
+            }
+        }
+        for value in &self.requests {
+            match value {
+                RequestArgument::Index(index) => push_u16(&mut arguments, *index),
+                RequestArgument::Lease(name) => {
+                    push_u16(&mut arguments, name.len());
+                    arguments.extend_from_slice(name.as_bytes());
+                }
+            }
+        }
+        let mut command =
+            redis::Cmd::with_capacity(4 + self.keys.len(), 64 + key_bytes + arguments.len());
         command
             .arg("EVALSHA")
             .arg(script.get_hash())
@@ -182,27 +220,7 @@ impl<'a> DecideCall<'a> {
         for key in &self.keys {
             command.arg(*key);
         }
-        command.arg(deadline);
-        command.arg(self.shapes.len());
-        for shape in &self.shapes {
-            command.arg(shape.len());
-            for bucket in shape.iter() {
-                command
-                    .arg(Number(bucket.capacity))
-                    .arg(Number(bucket.rate))
-                    .arg(Number(bucket.cost))
-                    .arg(Enforce(bucket))
-                    .arg(Number(bucket.factor))
-                    .arg(Number(bucket.min_capacity));
-            }
-        }
-        let mut index = itoa::Buffer::new();
-        for value in &self.requests {
-            match value {
-                RequestArgument::Index(value) => command.arg(index.format(*value)),
-                RequestArgument::Lease(name) => command.arg(*name),
-            };
-        }
+        command.arg(arguments);
         command
     }
 
@@ -305,22 +323,11 @@ enum RequestArgument<'a> {
     Lease(&'a str),
 }
 
-/// A bucket's enforce argument: 1, 0 for shadow, or for a delaying bucket the (negative)
-/// tokens it may book down to.
-struct Enforce<'a>(&'a BucketArguments);
-
-impl redis::ToRedisArgs for Enforce<'_> {
-    fn write_redis_args<W>(&self, out: &mut W)
-    where
-        W: ?Sized + redis::RedisWrite,
-    {
-        match self.0 {
-            BucketArguments { lease: true, .. } => out.write_arg(b"lease"),
-            BucketArguments { enforce: false, .. } => out.write_arg(b"0"),
-            BucketArguments { debt, .. } if *debt > 0.0 => Number(-debt).write_redis_args(out),
-            _ => out.write_arg(b"1"),
-        }
-    }
+/// A count or index in `decide.lua`'s arguments. A batch is at most a few hundred buckets; the
+/// panic would be a broken invariant, not input.
+fn push_u16(out: &mut Vec<u8>, value: usize) {
+    let value = u16::try_from(value).expect("a batch's counts fit in 16 bits");
+    out.extend_from_slice(&value.to_le_bytes());
 }
 
 /// The reply of one `decide.lua` call.
@@ -376,14 +383,57 @@ mod tests {
         }
     }
 
-    fn arguments(command: &redis::Cmd) -> Vec<String> {
-        command
+    /// The command's arguments before the binary one, and that one spelled as text: numbers
+    /// (u16 counts and indexes, doubles) and lease names, read as `decide.lua` reads it.
+    fn arguments(command: &redis::Cmd) -> (Vec<String>, String) {
+        let mut arguments: Vec<Vec<u8>> = command
             .args_iter()
             .map(|argument| match argument {
-                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
                 _ => panic!("only simple arguments are sent"),
             })
-            .collect()
+            .collect();
+        let binary = arguments.pop().unwrap();
+        let text = arguments
+            .into_iter()
+            .map(|argument| String::from_utf8(argument).unwrap())
+            .collect();
+        let mut rest = &binary[..];
+        let take = |rest: &mut &[u8], n: usize| {
+            let (taken, left) = rest.split_at(n);
+            *rest = left;
+            taken.to_vec()
+        };
+        let u16_of = |bytes: Vec<u8>| usize::from(u16::from_le_bytes([bytes[0], bytes[1]]));
+        let f64_of = |bytes: Vec<u8>| f64::from_le_bytes(bytes.try_into().unwrap());
+        let mut spelled = vec![f64_of(take(&mut rest, 8)).to_string()];
+        let shape_count = u16_of(take(&mut rest, 2));
+        spelled.push(shape_count.to_string());
+        let mut shapes = Vec::new();
+        for _ in 0..shape_count {
+            let count = u16_of(take(&mut rest, 2));
+            spelled.push(count.to_string());
+            let mut leases = false;
+            for _ in 0..count {
+                let numbers: Vec<f64> = (0..6).map(|_| f64_of(take(&mut rest, 8))).collect();
+                leases |= numbers[3] == 2.0;
+                spelled.extend(numbers.iter().map(f64::to_string));
+            }
+            shapes.push((count, leases));
+        }
+        while !rest.is_empty() {
+            let shape = u16_of(take(&mut rest, 2));
+            spelled.push(shape.to_string());
+            let (count, leases) = shapes[shape - 1];
+            for _ in 0..count {
+                spelled.push(u16_of(take(&mut rest, 2)).to_string());
+            }
+            if leases {
+                let length = u16_of(take(&mut rest, 2));
+                spelled.push(String::from_utf8(take(&mut rest, length)).unwrap());
+            }
+        }
+        (text, spelled.join(" "))
     }
 
     #[test]
@@ -411,25 +461,28 @@ mod tests {
         ];
         call.push(["per_ip:a", "exports:slots"], &exports, Some("f00d"));
         let script = Script::new("return 1");
-        let sent = arguments(&call.command(&script, 1_700_000_000_000_000));
-        let expected = [
+        let (keys, sent) = arguments(&call.command(&script, 1_700_000_000_000_000));
+        assert_eq!(
+            keys.join(" "),
             format!(
                 "EVALSHA {} 4 per_ip:a global per_ip:b exports:slots",
                 script.get_hash()
-            ),
+            )
+        );
+        let expected = [
             // The call's deadline in the server's time.
-            "1700000000000000".to_owned(),
+            "1700000000000000",
             // Four shapes: login's two buckets, then search's one (capacity, rate, cost,
             // enforce, factor, min_capacity), then a delaying bucket (enforce: the tokens it
-            // may book down to) beside a shadow one, then a bucket and two slots leased for a
-            // minute.
-            "4 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0 2 5 1 1 -2.5 0 0 5 1 1 0 0 0".to_owned(),
-            "2 5 1 1 1 0 0 2 60000 1 lease 0 0".to_owned(),
+            // may book down to) beside a shadow one, then a bucket and two slots (enforce 2)
+            // leased for a minute.
+            "4 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0 2 5 1 1 -2.5 0 0 5 1 1 0 0 0",
+            "2 5 1 1 1 0 0 2 60000 1 2 0 0",
             // Per request: its shape, then its keys, then the name of its leases if it takes
             // slots.
-            "1 1 2 1 3 2 2 1 3 3 2 4 1 4 f00d".to_owned(),
+            "1 1 2 1 3 2 2 1 3 3 2 4 1 4 f00d",
         ];
-        assert_eq!(sent.join(" "), expected.join(" "));
+        assert_eq!(sent, expected.join(" "));
     }
 
     #[test]

@@ -7,12 +7,39 @@ use futures_util::StreamExt as _;
 use super::{Connection, RedisStore};
 use crate::limit::{adaptive, BucketKey, Charge, KeyState, StoreError};
 
-/// The hash's fields and the server's time, in one step (on a Cluster, at the key's node).
+/// The bucket's state and the server's time, in one step (on a Cluster, at the key's node).
 const READ_KEY: &str = r"
 local t = redis.call('TIME')
-local h = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'p', 'level', 'hold')
-return { t[1], t[2], h[1] or '', h[2] or '', h[3] or '', h[4] or '', h[5] or '' }
+local stored = redis.pcall('GET', KEYS[1])
+if type(stored) ~= 'string' then stored = '' end
+return { t[1], t[2], stored }
 ";
+
+/// A bucket as `decide.lua` stores it: little-endian doubles, tokens and then the server's
+/// time of the last charge (for a quota: the end of its count's period), then for an
+/// adaptive key its penalty level and how long it holds.
+#[derive(Debug, PartialEq)]
+struct StoredBucket {
+    tokens: f64,
+    second: f64,
+    level: u32,
+    hold: f64,
+}
+
+impl StoredBucket {
+    fn parse(bytes: &[u8]) -> Option<StoredBucket> {
+        let number = |index: usize| {
+            let bytes = bytes.get(index * 8..index * 8 + 8)?;
+            Some(f64::from_le_bytes(bytes.try_into().ok()?))
+        };
+        Some(StoredBucket {
+            tokens: number(0)?,
+            second: number(1)?,
+            level: number(2).unwrap_or(0.0) as u32,
+            hold: number(3).unwrap_or(0.0),
+        })
+    }
+}
 
 /// The channel resets are published on, under the store's prefix.
 fn reset_channel(prefix: &str) -> String {
@@ -46,14 +73,15 @@ impl RedisStore {
         let key = self.store_key(key);
         let mut command = redis::cmd("EVAL");
         command.arg(READ_KEY).arg(1).arg(&key);
-        let fields: Vec<String> =
+        let (seconds, micros, stored): (u64, u64, Vec<u8>) =
             tokio::time::timeout(self.timeout.max(READ_TIMEOUT), self.query(command))
                 .await
                 .map_err(|_| StoreError::Timeout)??;
-        let number = |index: usize| fields.get(index).and_then(|text| text.parse::<f64>().ok());
-        let now = number(0).unwrap_or(0.0) + number(1).unwrap_or(0.0) / 1e6;
-        let level = number(5).unwrap_or(0.0) as u32;
-        let hold = number(6).unwrap_or(0.0) / 1e6;
+        let now = seconds as f64 + micros as f64 / 1e6;
+        let stored = StoredBucket::parse(&stored);
+        let (level, hold) = stored
+            .as_ref()
+            .map_or((0, 0.0), |stored| (stored.level, stored.hold / 1e6));
         let multiplier = match params {
             Some(params) if level > 0 && now < hold => {
                 adaptive::multiplier(params, charge.capacity, level)
@@ -61,15 +89,15 @@ impl RedisStore {
             _ => 1.0,
         };
         let charge = charge.scaled(multiplier);
-        let tokens = match (number(2), charge.period) {
+        let tokens = match (stored, charge.period) {
             (None, _) => charge.capacity,
-            (Some(tokens), Some(period)) if number(4) == Some(period.end as f64) => {
-                tokens.min(charge.capacity)
+            (Some(stored), Some(period)) if stored.second == period.end as f64 => {
+                stored.tokens.min(charge.capacity)
             }
             (Some(_), Some(_)) => charge.capacity,
-            (Some(tokens), None) => {
-                let elapsed = (now - number(3).unwrap_or(now * 1e6) / 1e6).max(0.0);
-                (tokens + elapsed * charge.rate).min(charge.capacity)
+            (Some(stored), None) => {
+                let elapsed = (now - stored.second / 1e6).max(0.0);
+                (stored.tokens + elapsed * charge.rate).min(charge.capacity)
             }
         };
         Ok(KeyState {
@@ -132,3 +160,39 @@ impl RedisStore {
 
 /// An operator's lookup may wait longer than a decision.
 const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::StoredBucket;
+
+    fn bytes(numbers: &[f64]) -> Vec<u8> {
+        numbers
+            .iter()
+            .flat_map(|number| number.to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn a_stored_bucket_is_read_with_or_without_its_penalty() {
+        assert_eq!(
+            StoredBucket::parse(&bytes(&[2.5, 1.7e15])),
+            Some(StoredBucket {
+                tokens: 2.5,
+                second: 1.7e15,
+                level: 0,
+                hold: 0.0
+            })
+        );
+        assert_eq!(
+            StoredBucket::parse(&bytes(&[-1.0, 1.7e15, 2.0, 1.8e15, 1.8e15, 1.6e15])),
+            Some(StoredBucket {
+                tokens: -1.0,
+                second: 1.7e15,
+                level: 2,
+                hold: 1.8e15
+            })
+        );
+        assert_eq!(StoredBucket::parse(b""), None, "no key");
+        assert_eq!(StoredBucket::parse(&bytes(&[2.5])), None, "cut short");
+    }
+}

@@ -98,24 +98,12 @@ local now_ms = (now - now % 1000) / 1000
 -- keep, the stored adaptive state as bytes ('' if none), and once charged: the expiry in ms
 -- and the tokens to store; for a quota, the end of its period }.
 local seen = { false, false, false, false }
--- Per bucket of the current request, from (i - 1) * 6: its entry in `seen`, tokens now,
--- capacity, rate, multiplier, cost.
-local state = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
-local sufficient = { false, false, false, false }
-local booked = { false, false, false, false }
+-- Per bucket of the current request, from (i - 1) * 8: its entry in `seen`, tokens now,
+-- capacity, rate, multiplier, cost, sufficient, booked. (Each table a call creates costs Redis
+-- about as much as a Redis command's lookup: they are few, and flat.)
+local state = { 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, false, false,
+  0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, false, false }
 local reply, replied = { pack('<dB', now, 0), '', '', '', '' }, 1
-
--- A concurrency limit's slots of `KEYS[index]` (a sorted set of leases, expired ones dropped):
--- its entry { in use, 'lease', index } and the slots free of `slots`.
-local function free_slots(index, slots)
-  local entry = seen[index]
-  if not entry then
-    call('ZREMRANGEBYSCORE', KEYS[index], '-inf', now_ms)
-    entry = { call('ZCARD', KEYS[index]), 'lease', index }
-    seen[index] = entry
-  end
-  return entry, slots - entry[1]
-end
 local size = #arguments
 
 while pos <= size do
@@ -129,10 +117,17 @@ while pos <= size do
     local index
     index, pos = unpack('<H', arguments, pos)
     if shape[at + 4] == 'lease' then
-      local entry, free = free_slots(index, shape[at + 1])
-      local base = (i - 1) * 6
+      -- A key's slots: a sorted set of leases; its entry { in use, 'lease', index }.
+      local entry = seen[index]
+      if not entry then
+        call('ZREMRANGEBYSCORE', KEYS[index], '-inf', now_ms)
+        entry = { call('ZCARD', KEYS[index]), 'lease', index }
+        seen[index] = entry
+      end
+      local free = shape[at + 1] - entry[1]
+      local base = (i - 1) * 8
       state[base + 1], state[base + 2], state[base + 4] = entry, free, shape[at + 2]
-      sufficient[i], booked[i] = free >= 1, false
+      state[base + 7], state[base + 8] = free >= 1, false
       if free < 1 then admitted = false end
     else
       local capacity, rate, factor = shape[at + 1], shape[at + 2], shape[at + 5]
@@ -175,14 +170,15 @@ while pos <= size do
         if current > capacity then current = capacity end
       end
       local cost = shape[at + 3]
-      local base = (i - 1) * 6
+      local base = (i - 1) * 8
       state[base + 1], state[base + 2], state[base + 3] = entry, current, capacity
       state[base + 4], state[base + 5], state[base + 6] = rate, multiplier, cost
       local enforce = shape[at + 4]
-      sufficient[i], booked[i] = current >= cost, false
-      if not sufficient[i] and enforce then
+      local sufficient = current >= cost
+      state[base + 7], state[base + 8] = sufficient, false
+      if not sufficient and enforce then
         if enforce ~= true and current - cost >= enforce then
-          booked[i] = true
+          state[base + 8] = true
         else
           admitted = false
         end
@@ -201,8 +197,9 @@ while pos <= size do
   replied = replied + 1
   reply[replied] = admitted and '\1' or '\0'
   for i = 1, count do
-    local base = (i - 1) * 6
+    local base = (i - 1) * 8
     local entry, tokens = state[base + 1], state[base + 2]
+    local sufficient, booked = state[base + 7], state[base + 8]
     if entry[2] == 'lease' then
       if admitted then
         local key, lease = KEYS[entry[3]], state[base + 4]
@@ -211,8 +208,8 @@ while pos <= size do
         entry[1], tokens = entry[1] + 1, tokens - 1
       end
       replied = replied + 1
-      reply[replied] = pack('<dB', tokens, sufficient[i] and 1 or 0)
-    elseif admitted and (sufficient[i] or booked[i]) then
+      reply[replied] = pack('<dB', tokens, sufficient and 1 or 0)
+    elseif admitted and (sufficient or booked) then
       tokens = tokens - state[base + 6]
       local expire_ms
       if entry[8] then
@@ -229,7 +226,7 @@ while pos <= size do
       entry[1] = tokens
       local multiplier = state[base + 5]
       replied = replied + 1
-      local flags = sufficient[i] and 1 or (admitted and booked[i] and 4 or 0)
+      local flags = sufficient and 1 or (admitted and booked and 4 or 0)
       if multiplier == 1 then
         reply[replied] = pack('<dB', tokens, flags)
       else
@@ -244,8 +241,9 @@ for index = 1, #KEYS do
   if entry and entry[6] then
     local expire_ms = entry[6]
     if expire_ms > 315360000000 then expire_ms = 315360000000 end
-    call('SET', KEYS[index], pack('<dd', entry[7], entry[8] or now) .. entry[5], 'PX',
-      expire_ms + 1000)
+    local bytes = pack('<dd', entry[7], entry[8] or now)
+    if entry[5] ~= '' then bytes = bytes .. entry[5] end
+    call('SET', KEYS[index], bytes, 'PX', expire_ms + 1000)
   end
 end
 return table.concat(reply, '', 1, replied)

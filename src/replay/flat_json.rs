@@ -18,18 +18,11 @@ pub(super) enum Value<'a> {
 pub(super) fn fields<'a>(line: &'a str, mut field: impl FnMut(&'a str, Value<'a>)) -> Option<()> {
     let bytes = line.as_bytes();
     // No escape and no control character anywhere (in a string it would need an escape;
-    // outside one, the line is not tollgate's), checked without a branch per byte. Then every
-    // quote delimits a string.
-    let unusual = |found: bool, byte: &u8| found | (*byte < 0x20) | (*byte == b'\\');
-    if bytes.iter().fold(false, unusual) {
+    // outside one, the line is not tollgate's). Then every quote delimits a string.
+    if has_escape_or_control(bytes) {
         return None;
     }
     let mut quotes = Quotes::new(bytes);
-    let mut string = |at: usize| -> Option<(&'a str, usize)> {
-        let open = quotes.next()?;
-        let close = quotes.next()?;
-        (open == at).then(|| (&line[open + 1..close], close + 1))
-    };
     let mut at = skip_space(bytes, 0);
     if bytes.get(at) != Some(&b'{') {
         return None;
@@ -39,7 +32,7 @@ pub(super) fn fields<'a>(line: &'a str, mut field: impl FnMut(&'a str, Value<'a>
         return end(bytes, at + 1);
     }
     loop {
-        let (name, after) = string(at)?;
+        let (name, after) = quotes.string(line, at)?;
         at = skip_space(bytes, after);
         if bytes.get(at) != Some(&b':') {
             return None;
@@ -47,7 +40,7 @@ pub(super) fn fields<'a>(line: &'a str, mut field: impl FnMut(&'a str, Value<'a>
         at = skip_space(bytes, at + 1);
         let (value, after) = match bytes.get(at)? {
             b'"' => {
-                let (text, after) = string(at)?;
+                let (text, after) = quotes.string(line, at)?;
                 (Value::Text(text), after)
             }
             b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => {
@@ -72,13 +65,15 @@ pub(super) fn fields<'a>(line: &'a str, mut field: impl FnMut(&'a str, Value<'a>
     }
 }
 
-/// The positions of a line's quotes, in order, found eight bytes at a time (one word's
-/// arithmetic marks every quote in it) rather than by one search per string.
+/// The positions of a line's quotes, in order, found 64 bytes at a time: each block's quotes
+/// become the bits of one word (a loop the compiler turns into vector compares), then each
+/// quote is a trailing-zero count. Eight bytes at a time, the search was a sixth of a replayed
+/// line's cost.
 struct Quotes<'a> {
     bytes: &'a [u8],
-    /// Where the word of `mask` starts.
-    word: usize,
-    /// The quotes of the word not yet given: the high bit of each quote's byte.
+    /// Where the block of `mask` starts.
+    block: usize,
+    /// The quotes of the block not yet given, one bit per byte.
     mask: u64,
 }
 
@@ -86,41 +81,74 @@ impl<'a> Quotes<'a> {
     fn new(bytes: &'a [u8]) -> Quotes<'a> {
         Quotes {
             bytes,
-            word: 0,
-            mask: quote_mask(bytes),
+            block: 0,
+            mask: quote_bits(bytes),
         }
     }
 
+    /// The string that opens at `at` (the next quote must be there) and where it ends.
+    #[inline(always)]
+    fn string<'l>(&mut self, line: &'l str, at: usize) -> Option<(&'l str, usize)> {
+        let open = self.next()?;
+        let close = self.next()?;
+        (open == at).then(|| (&line[open + 1..close], close + 1))
+    }
+
+    #[inline(always)]
     fn next(&mut self) -> Option<usize> {
         while self.mask == 0 {
-            self.word += 8;
-            if self.word >= self.bytes.len() {
+            self.block += 64;
+            if self.block >= self.bytes.len() {
                 return None;
             }
-            self.mask = quote_mask(&self.bytes[self.word..]);
+            self.mask = quote_bits(&self.bytes[self.block..]);
         }
-        let byte = self.mask.trailing_zeros() as usize / 8;
+        let bit = self.mask.trailing_zeros() as usize;
         self.mask &= self.mask - 1;
-        Some(self.word + byte)
+        Some(self.block + bit)
     }
 }
 
-/// The high bit of each byte among the first eight that is a quote (exact: no carry between
-/// bytes, so no false match).
-fn quote_mask(bytes: &[u8]) -> u64 {
+/// A bit for each quote among the first 64 bytes: eight words of eight bytes, each word's
+/// quotes marked without a branch, then gathered into a byte by one multiplication.
+fn quote_bits(bytes: &[u8]) -> u64 {
     const LOW_SEVEN: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-    let word = match bytes.first_chunk::<8>() {
-        Some(word) => *word,
+    // Moves bit 8i of a word to bit 56 + i: the top byte holds one bit per byte.
+    const GATHER: u64 = 0x0102_0408_1020_4080;
+    let block = match bytes.first_chunk::<64>() {
+        Some(block) => *block,
         None => {
-            let mut word = [0u8; 8];
-            word[..bytes.len()].copy_from_slice(bytes);
-            word
+            let mut block = [0u8; 64];
+            block[..bytes.len()].copy_from_slice(bytes);
+            block
         }
     };
-    // Quotes become zero bytes; a zero byte is one whose low seven bits do not carry into
-    // the eighth and whose eighth is clear.
-    let zeroed = u64::from_le_bytes(word) ^ 0x2222_2222_2222_2222;
-    !(((zeroed & LOW_SEVEN) + LOW_SEVEN) | zeroed | LOW_SEVEN)
+    let mut mask = 0u64;
+    for (index, word) in block.chunks_exact(8).enumerate() {
+        let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        // Quotes become zero bytes; a zero byte is one whose low seven bits do not carry into
+        // the eighth and whose eighth is clear (exact: no carry between bytes).
+        let zeroed = word ^ 0x2222_2222_2222_2222;
+        let high_bits = !(((zeroed & LOW_SEVEN) + LOW_SEVEN) | zeroed | LOW_SEVEN);
+        mask |= ((high_bits >> 7).wrapping_mul(GATHER) >> 56) << (8 * index);
+    }
+    mask
+}
+
+/// Whether any byte is a backslash or below 0x20: a loop without a branch per byte, which the
+/// compiler turns into vector instructions (a fold through a closure was 8.7 instructions a
+/// byte, a third of a replayed line's cost).
+fn has_escape_or_control(bytes: &[u8]) -> bool {
+    let mut found = 0u8;
+    for chunk in bytes.chunks(64) {
+        for byte in chunk {
+            found |= u8::from(*byte < 0x20) | u8::from(*byte == b'\\');
+        }
+        if found != 0 {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether `text` is a JSON number (`-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`),
@@ -266,6 +294,26 @@ mod tests {
     }
 
     proptest! {
+        /// Every quote is found, in order, whatever the length and wherever the 64-byte blocks
+        /// fall; and no other byte (bytes that differ from a quote in one bit included).
+        #[test]
+        fn quotes_are_found_where_a_byte_by_byte_search_finds_them(
+            bytes in proptest::collection::vec(
+                prop_oneof![Just(b'"'), Just(b'"' ^ 0x80), Just(b'"' ^ 1), any::<u8>()],
+                0..300,
+            ),
+        ) {
+            let mut quotes = Quotes::new(&bytes);
+            let found: Vec<usize> = std::iter::from_fn(|| quotes.next()).collect();
+            let expected: Vec<usize> = bytes
+                .iter()
+                .enumerate()
+                .filter(|(_, byte)| **byte == b'"')
+                .map(|(at, _)| at)
+                .collect();
+            prop_assert_eq!(found, expected);
+        }
+
         /// Wherever the scan answers, serde_json answers the same (and where serde_json reads
         /// a flat object without escapes, the scan answers).
         #[test]
@@ -278,7 +326,7 @@ mod tests {
                     Just("null".to_owned()),
                     Just("{\"x\":1}".to_owned()),
                 ]),
-                0..6,
+                0..16,
             ),
             spaces in " ?",
         ) {

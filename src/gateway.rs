@@ -262,7 +262,7 @@ impl Gateway {
         }
         let mut forwarded = self.forward(routed, parts, body, exchange).await?;
         // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
-        forwarded.response.body_mut().in_flight().slots = admission.slots;
+        forwarded.response.body_mut().in_flight().slots = admission.slots.map(Box::new);
         let status = forwarded.response.status().as_u16();
         self.after_response(routed.route, &buckets, admission.decider, status)
             .await;

@@ -48,6 +48,7 @@ impl Drop for UpstreamInFlight {
 pub(crate) struct InFlight {
     pub(crate) request: Option<RequestInFlight>,
     pub(crate) upstream: Option<UpstreamInFlight>,
-    /// The request's slots of concurrency limits.
-    pub(crate) slots: Option<crate::gateway::slots::Held>,
+    /// The request's slots of concurrency limits. Boxed: few routes have them, and every
+    /// response moves its body several times on the way out (inline, they tripled its size).
+    pub(crate) slots: Option<Box<crate::gateway::slots::Held>>,
 }

@@ -38,7 +38,12 @@ impl Gateway {
                 {
                     // The tunnel counts in flight, and holds its slots, until it closes.
                     let in_flight = RequestInFlight::new(&self.shared.metrics.inflight);
-                    let slots = response.body_mut().in_flight().slots.take();
+                    let slots = response
+                        .body_mut()
+                        .in_flight()
+                        .slots
+                        .take()
+                        .map(|slots| *slots);
                     self.splice_upgraded(client, server, (in_flight, slots))
                 }
                 _ => return Err(Reject::UpgradeFailed),

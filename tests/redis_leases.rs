@@ -96,16 +96,22 @@ async fn saturate(
     )
 }
 
+/// The saturating tests run one at a time: two of them at once on two cores starve each
+/// other's replicas, and a bucket no replica drains for 0.4 s overflows (tokens lost to the
+/// test's count, not to a client).
+static SATURATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn three_replicas_saturating_a_leased_limit(url: &str) {
+    let _alone = SATURATING.lock().await;
     let upstream = start_upstream().await;
     let text = policy(url);
     let mut gateways = Vec::new();
     for _ in 0..3 {
         gateways.push(start_gateway(&text, upstream.address).await);
     }
-    // Four seconds: what the bucket gains in its last lease may be left in Redis (a replica
-    // calls once a lease), which must stay within the 2 %.
-    let (admitted, sent, elapsed) = saturate(&gateways, 4, Duration::from_secs(4)).await;
+    // Six seconds: what is left at the end, in Redis and in the replicas' unspent leases (up
+    // to a lease each, 15 tokens), must stay well within the 2 % (13 of 640).
+    let (admitted, sent, elapsed) = saturate(&gateways, 4, Duration::from_secs(6)).await;
     let allowed = CAPACITY + RATE * elapsed;
     let accuracy = admitted as f64 / allowed;
     eprintln!("leases: {admitted} admitted of {sent} sent in {elapsed:.2} s, {allowed:.0} allowed: accuracy {accuracy:.3}");

@@ -47,8 +47,8 @@ keys = [b'{bench}per_network:v4:127.0.0.1/32', b'{bench}per_user:h:0fa0000000000
 # Per bucket: capacity, rate, cost, enforce, adaptive factor (0: none), adaptive minimum.
 bucket = [1e12, 1e9, 1, 1, 0, 0]
 if form == 'binary':
-    blob = struct.pack('<dHH', 0, 1, buckets) + struct.pack('<6d', *bucket) * buckets
-    blob += (struct.pack('<H', 1) + b''.join(struct.pack('<H', i) for i in range(1, buckets + 1))) * batch
+    blob = struct.pack('<dII', 0, 1, buckets) + struct.pack('<6d', *bucket) * buckets
+    blob += (struct.pack('<I', 1) + b''.join(struct.pack('<I', i) for i in range(1, buckets + 1))) * batch
     arguments = [blob]
 else:
     arguments = [b'0', b'1', str(buckets).encode()] + [b'%d' % n for n in bucket] * buckets

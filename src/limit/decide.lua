@@ -5,15 +5,15 @@
 -- ARGV[1]: one binary string, little-endian: the deadline of the call in the server's time (a
 --   double, microseconds; 0: none): a call that runs after it was given up on by the gateway
 --   (Redis was paused, busy or failing over) charges nothing and says so. Then the number of
---   shapes (u16), then each shape: its number of buckets n (u16), then per bucket 6 doubles:
+--   shapes (u32), then each shape: its number of buckets n (u32), then per bucket 6 doubles:
 --   capacity, rate (tokens per second), cost, enforce (1; 0: shadow; 2: concurrency slots; a
 --   negative number: enforce, but book tokens the bucket lacks down to that many,
 --   `on_limit = "delay"`), factor and min_capacity of the limit's adaptive penalty (factor 0:
 --   not adaptive). A calendar quota has rate 0, and in place of factor and min_capacity the
 --   end of the period the gateway's clock is in and the end of the next one (Unix seconds).
 --   Concurrency slots have capacity the number of slots, rate the lease in milliseconds. Then
---   per request: the index of its shape (u16), then for each of the shape's buckets the index
---   of its key in KEYS (u16), then, if the shape has slots, the length (u16) and bytes of the
+--   per request: the index of its shape (u32), then for each of the shape's buckets the index
+--   of its key in KEYS (u32), then, if the shape has slots, the length (u32) and bytes of the
 --   request's lease name. Requests of one route share a shape: its numbers are sent, and read,
 --   once per batch.
 -- State per bucket: one string of little-endian doubles (key_admin.rs reads it for a person):
@@ -56,7 +56,7 @@ local now = clock[1] * 1000000 + clock[2]
 -- The arguments are one binary string, read with struct.unpack: converting numbers from text
 -- (strtod) cost more than the Redis commands of a bucket.
 local arguments = ARGV[1]
-local deadline, shape_count, pos = unpack('<dH', arguments)
+local deadline, shape_count, pos = unpack('<dI4', arguments)
 if deadline > 0 and now > deadline then
   return pack('<dB', now, 1)
 end
@@ -68,7 +68,7 @@ end
 local shapes = {}
 for s = 1, shape_count do
   local count
-  count, pos = unpack('<H', arguments, pos)
+  count, pos = unpack('<I4', arguments, pos)
   local shape = { count, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
   for i = 1, count do
     local to = (i - 1) * 6 + 1
@@ -108,14 +108,14 @@ local size = #arguments
 
 while pos <= size do
   local shape_index
-  shape_index, pos = unpack('<H', arguments, pos)
+  shape_index, pos = unpack('<I4', arguments, pos)
   local shape = shapes[shape_index]
   local count = shape[1]
   local admitted = true
   for i = 1, count do
     local at = (i - 1) * 6 + 1
     local index
-    index, pos = unpack('<H', arguments, pos)
+    index, pos = unpack('<I4', arguments, pos)
     if shape[at + 4] == 'lease' then
       -- A key's slots: a sorted set of leases; its entry { in use, 'lease', index }.
       local entry = seen[index]
@@ -189,7 +189,7 @@ while pos <= size do
   local lease_name
   if shape.leases then
     local length
-    length, pos = unpack('<H', arguments, pos)
+    length, pos = unpack('<I4', arguments, pos)
     lease_name = sub(arguments, pos, pos + length - 1)
     pos = pos + length
   end

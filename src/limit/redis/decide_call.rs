@@ -178,17 +178,17 @@ impl<'a> DecideCall<'a> {
     pub(super) fn command(&self, script: &Script, deadline: u64) -> redis::Cmd {
         let key_bytes = self.keys.iter().map(|key| key.len()).sum::<usize>();
         let mut arguments = Vec::with_capacity(
-            10 + self
+            12 + self
                 .shapes
                 .iter()
-                .map(|shape| 2 + 48 * shape.len())
+                .map(|shape| 4 + 48 * shape.len())
                 .sum::<usize>()
-                + 4 * self.requests.len(),
+                + 8 * self.requests.len(),
         );
         arguments.extend_from_slice(&(deadline as f64).to_le_bytes());
-        push_u16(&mut arguments, self.shapes.len());
+        push_u32(&mut arguments, self.shapes.len());
         for shape in &self.shapes {
-            push_u16(&mut arguments, shape.len());
+            push_u32(&mut arguments, shape.len());
             for bucket in shape.iter() {
                 for number in [
                     bucket.capacity,
@@ -204,9 +204,9 @@ impl<'a> DecideCall<'a> {
         }
         for value in &self.requests {
             match value {
-                RequestArgument::Index(index) => push_u16(&mut arguments, *index),
+                RequestArgument::Index(index) => push_u32(&mut arguments, *index),
                 RequestArgument::Lease(name) => {
-                    push_u16(&mut arguments, name.len());
+                    push_u32(&mut arguments, name.len());
                     arguments.extend_from_slice(name.as_bytes());
                 }
             }
@@ -323,10 +323,9 @@ enum RequestArgument<'a> {
     Lease(&'a str),
 }
 
-/// A count or index in `decide.lua`'s arguments. A batch is at most a few hundred buckets; the
-/// panic would be a broken invariant, not input.
-fn push_u16(out: &mut Vec<u8>, value: usize) {
-    let value = u16::try_from(value).expect("a batch's counts fit in 16 bits");
+/// A count or index in `decide.lua`'s arguments (a batch never nears 2^32 of anything).
+fn push_u32(out: &mut Vec<u8>, value: usize) {
+    let value = u32::try_from(value).expect("a batch's counts fit in 32 bits");
     out.extend_from_slice(&value.to_le_bytes());
 }
 
@@ -358,258 +357,4 @@ impl ReplyReader<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bucket(capacity: f64, cost: f64) -> BucketArguments {
-        BucketArguments {
-            capacity,
-            rate: 1.0,
-            cost,
-            enforce: true,
-            debt: 0.0,
-            factor: 0.0,
-            min_capacity: 0.0,
-            lease: false,
-        }
-    }
-
-    fn bucket_reply(tokens: f64, sufficient: bool, booked: bool, multiplier: f64) -> BucketReply {
-        BucketReply {
-            tokens,
-            sufficient,
-            booked,
-            multiplier,
-        }
-    }
-
-    /// The command's arguments before the binary one, and that one spelled as text: numbers
-    /// (u16 counts and indexes, doubles) and lease names, read as `decide.lua` reads it.
-    fn arguments(command: &redis::Cmd) -> (Vec<String>, String) {
-        let mut arguments: Vec<Vec<u8>> = command
-            .args_iter()
-            .map(|argument| match argument {
-                redis::Arg::Simple(bytes) => bytes.to_vec(),
-                _ => panic!("only simple arguments are sent"),
-            })
-            .collect();
-        let binary = arguments.pop().unwrap();
-        let text = arguments
-            .into_iter()
-            .map(|argument| String::from_utf8(argument).unwrap())
-            .collect();
-        let mut rest = &binary[..];
-        let take = |rest: &mut &[u8], n: usize| {
-            let (taken, left) = rest.split_at(n);
-            *rest = left;
-            taken.to_vec()
-        };
-        let u16_of = |bytes: Vec<u8>| usize::from(u16::from_le_bytes([bytes[0], bytes[1]]));
-        let f64_of = |bytes: Vec<u8>| f64::from_le_bytes(bytes.try_into().unwrap());
-        let mut spelled = vec![f64_of(take(&mut rest, 8)).to_string()];
-        let shape_count = u16_of(take(&mut rest, 2));
-        spelled.push(shape_count.to_string());
-        let mut shapes = Vec::new();
-        for _ in 0..shape_count {
-            let count = u16_of(take(&mut rest, 2));
-            spelled.push(count.to_string());
-            let mut leases = false;
-            for _ in 0..count {
-                let numbers: Vec<f64> = (0..6).map(|_| f64_of(take(&mut rest, 8))).collect();
-                leases |= numbers[3] == 2.0;
-                spelled.extend(numbers.iter().map(f64::to_string));
-            }
-            shapes.push((count, leases));
-        }
-        while !rest.is_empty() {
-            let shape = u16_of(take(&mut rest, 2));
-            spelled.push(shape.to_string());
-            let (count, leases) = shapes[shape - 1];
-            for _ in 0..count {
-                spelled.push(u16_of(take(&mut rest, 2)).to_string());
-            }
-            if leases {
-                let length = u16_of(take(&mut rest, 2));
-                spelled.push(String::from_utf8(take(&mut rest, length)).unwrap());
-            }
-        }
-        (text, spelled.join(" "))
-    }
-
-    #[test]
-    fn keys_and_shapes_are_sent_once_each() {
-        let login = [bucket(5.0, 1.0), bucket(100.0, 2.5)];
-        let search = [bucket(5.0, 1.0)];
-        let smoothed = [
-            BucketArguments {
-                debt: 2.5,
-                ..bucket(5.0, 1.0)
-            },
-            BucketArguments {
-                enforce: false,
-                ..bucket(5.0, 1.0)
-            },
-        ];
-        let mut call = DecideCall::new();
-        call.push(["per_ip:a", "global"], &login, None);
-        call.push(["per_ip:b", "global"], &login, None);
-        call.push(["per_ip:a"], &search, None);
-        call.push(["per_ip:b", "global"], &smoothed, None);
-        let exports = [
-            bucket(5.0, 1.0),
-            BucketArguments::lease(2, std::time::Duration::from_secs(60)),
-        ];
-        call.push(["per_ip:a", "exports:slots"], &exports, Some("f00d"));
-        let script = Script::new("return 1");
-        let (keys, sent) = arguments(&call.command(&script, 1_700_000_000_000_000));
-        assert_eq!(
-            keys.join(" "),
-            format!(
-                "EVALSHA {} 4 per_ip:a global per_ip:b exports:slots",
-                script.get_hash()
-            )
-        );
-        let expected = [
-            // The call's deadline in the server's time.
-            "1700000000000000",
-            // Four shapes: login's two buckets, then search's one (capacity, rate, cost,
-            // enforce, factor, min_capacity), then a delaying bucket (enforce: the tokens it
-            // may book down to) beside a shadow one, then a bucket and two slots (enforce 2)
-            // leased for a minute.
-            "4 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0 2 5 1 1 -2.5 0 0 5 1 1 0 0 0",
-            "2 5 1 1 1 0 0 2 60000 1 2 0 0",
-            // Per request: its shape, then its keys, then the name of its leases if it takes
-            // slots.
-            "1 1 2 1 3 2 2 1 3 3 2 4 1 4 f00d",
-        ];
-        assert_eq!(sent, expected.join(" "));
-    }
-
-    #[test]
-    fn replies_are_split_by_request_and_parsed_strictly() {
-        let two_buckets = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
-        let one_bucket = [bucket(5.0, 1.0)];
-        let mut call = DecideCall::new();
-        call.push(["a", "b"], &two_buckets, None);
-        call.push(["a"], &one_bucket, None);
-        let double = |value: f64| value.to_le_bytes().to_vec();
-        let reply: Vec<u8> = [
-            double(1.7e15),
-            vec![0],
-            vec![1],
-            double(4.5),
-            vec![1],
-            double(0.0),
-            vec![2],
-            double(0.5),
-            vec![0],
-            double(3.0),
-            vec![0],
-        ]
-        .concat();
-        assert_eq!(
-            call.parse_reply(&reply).unwrap(),
-            CallReply {
-                server_time: 1.7e15,
-                requests: Some(vec![
-                    RequestReply {
-                        admitted: true,
-                        buckets: vec![
-                            bucket_reply(4.5, true, false, 1.0),
-                            bucket_reply(0.0, false, false, 0.5)
-                        ],
-                    },
-                    RequestReply {
-                        admitted: false,
-                        buckets: vec![bucket_reply(3.0, false, false, 1.0)],
-                    },
-                ]),
-            }
-        );
-        let late = [double(1.7e15), vec![1]].concat();
-        assert_eq!(
-            call.parse_reply(&late).unwrap(),
-            CallReply {
-                server_time: 1.7e15,
-                requests: None,
-            },
-            "a late call charged nothing and says no more"
-        );
-        assert!(call.parse_reply(&[&late[..], &[0]].concat()).is_err());
-        assert!(
-            call.parse_reply(&reply[..reply.len() - 1]).is_err(),
-            "too short"
-        );
-        assert!(
-            call.parse_reply(&[&reply[..], &[7]].concat()).is_err(),
-            "leftover bytes"
-        );
-        let mut bad_flag = reply.clone();
-        bad_flag[18] = 8;
-        assert!(call.parse_reply(&bad_flag).is_err(), "flags are 1, 2 and 4");
-        bad_flag[18] = 5;
-        assert!(
-            call.parse_reply(&bad_flag).is_err(),
-            "a bucket that held its cost booked nothing"
-        );
-        bad_flag[18] = 2;
-        assert!(
-            call.parse_reply(&bad_flag).is_err(),
-            "a flag of 2 takes the next 8 bytes for a multiplier: the rest no longer fits"
-        );
-        let mut bad_admitted = reply.clone();
-        bad_admitted[9] = 2;
-        assert!(
-            call.parse_reply(&bad_admitted).is_err(),
-            "admitted is 0 or 1"
-        );
-    }
-
-    #[test]
-    fn a_booked_bucket_is_read_only_for_an_admitted_request() {
-        let delaying = [BucketArguments {
-            debt: 2.0,
-            ..bucket(2.0, 1.0)
-        }];
-        let mut call = DecideCall::new();
-        call.push(["a"], &delaying, None);
-        let double = |value: f64| value.to_le_bytes().to_vec();
-        let booked = [double(1.7e15), vec![0], vec![1], double(-1.0), vec![4]].concat();
-        let requests = call.parse_reply(&booked).unwrap().requests.unwrap();
-        assert_eq!(
-            requests[0].buckets,
-            vec![bucket_reply(-1.0, false, true, 1.0)]
-        );
-        let charge = Charge {
-            capacity: 2.0,
-            rate: 2.0,
-            cost: 1.0,
-            enforce: true,
-            period: None,
-            debt: 2.0,
-        };
-        let verdict = requests[0].buckets[0].verdict(&charge);
-        assert!(verdict.booked && !verdict.sufficient);
-        assert_eq!(verdict.wait, 0.5, "a token at 2 a second");
-        let penalised = [
-            double(1.7e15),
-            vec![0],
-            vec![1],
-            double(-1.0),
-            vec![6],
-            double(0.5),
-        ]
-        .concat();
-        let requests = call.parse_reply(&penalised).unwrap().requests.unwrap();
-        assert_eq!(
-            requests[0].buckets[0].verdict(&charge).wait,
-            1.0,
-            "half the rate"
-        );
-        let refused_but_booked = [double(1.7e15), vec![0], vec![0], double(-1.0), vec![4]].concat();
-        assert!(
-            call.parse_reply(&refused_but_booked).is_err(),
-            "a refused request books nothing"
-        );
-    }
-}
+mod tests;

@@ -86,7 +86,7 @@ impl Batcher {
     /// keeps `server_clock` and counts late calls in `late`.
     pub(super) async fn decide(
         &self,
-        (connection, script): (&ConnectionManager, &Script),
+        (connection, script): (&ConnectionManager, &Arc<Script>),
         (server_clock, late): (&Arc<ServerClock>, &LateCalls),
         (keys, shape, lease): (StoreKeys, Shape, Option<String>),
         deadline: Instant,
@@ -153,7 +153,7 @@ struct Observers {
 /// queue's sender, is dropped.
 async fn send_batches(
     connection: ConnectionManager,
-    script: Script,
+    script: Arc<Script>,
     mut queue: mpsc::UnboundedReceiver<Queued>,
     observers: Observers,
 ) {
@@ -211,7 +211,7 @@ async fn send_batches(
 /// to for a while, by a task of its own, to count it if it ran late.
 async fn call(
     connection: ConnectionManager,
-    script: &Script,
+    script: &Arc<Script>,
     batch: Vec<Queued>,
     observers: &Observers,
 ) {
@@ -223,7 +223,9 @@ async fn call(
         return;
     };
     let command = decide.command(script, observers.server_clock.deadline(0, deadline));
-    let script = script.clone();
+    // The Arc, not the script: a script's clone copies its source (12 KB, 3,200 instructions
+    // a request under load).
+    let script = Arc::clone(script);
     let mut connection = connection;
     // Owns what it needs, so that a call given up on can go on being listened to.
     let evaluated =

@@ -155,7 +155,7 @@ impl RedisStore {
         let (keys, reply) = self
             .batcher
             .decide(
-                (manager, self.decide.as_ref()),
+                (manager, &self.decide),
                 (&self.server_clock, &self.late),
                 (keys, shape, lease_name),
                 deadline,

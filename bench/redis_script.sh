@@ -11,6 +11,8 @@
 #   BATCH=8 bench/redis_script.sh            # 8 requests on the same buckets per call, as
 #                                            # the gateway batches them under load
 #   BUCKETS=1 bench/redis_script.sh          # one-bucket decisions (1 to 3; default 3)
+#   FUNCTION=1 bench/redis_script.sh         # the same script loaded as a Redis function
+#                                            # (FUNCTION LOAD) and called with FCALL
 #   INSTRUCTIONS=1 bench/redis_script.sh     # redis-server's instructions per call, counted by
 #                                            # callgrind: steady where the µs swing with the
 #                                            # machine's load
@@ -39,9 +41,10 @@ fi
 # calls_stream SHA N: N calls in RESP, each of BATCH requests on the same BUCKETS buckets
 # (capacity 10^12, 10^9 tokens a second: every request admitted and charged), no deadline.
 calls_stream() {
-  python3 - "$1" "$2" "$batch" "$buckets" "${ARGUMENTS:-binary}" <<'PY'
+  python3 - "$1" "$2" "$batch" "$buckets" "${ARGUMENTS:-binary}" "${FUNCTION:+function}" <<'PY'
 import struct, sys
 sha, calls, batch, buckets, form = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+call = [b'FCALL', b'decide'] if sys.argv[6:] == ['function'] else [b'EVALSHA', sha.encode()]
 keys = [b'{bench}per_network:v4:127.0.0.1/32', b'{bench}per_user:h:0fa000000000000000000000000000ff',
         b'{bench}everyone:global'][:buckets]
 # Per bucket: capacity, rate, cost, enforce, adaptive factor (0: none), adaptive minimum.
@@ -53,7 +56,7 @@ if form == 'binary':
 else:
     arguments = [b'0', b'1', str(buckets).encode()] + [b'%d' % n for n in bucket] * buckets
     arguments += ([b'1'] + [str(i).encode() for i in range(1, buckets + 1)]) * batch
-command = [b'EVALSHA', sha.encode(), str(len(keys)).encode()] + keys + arguments
+command = call + [str(len(keys)).encode()] + keys + arguments
 resp = b'*%d\r\n' % len(command) + b''.join(b'$%d\r\n%s\r\n' % (len(part), part) for part in command)
 out = sys.stdout.buffer
 for _ in range(calls):
@@ -75,7 +78,14 @@ start_redis() {
 # calls N: N calls of BATCH decisions of BUCKETS buckets each, sent from CPU 0.
 calls() {
   local sha
-  sha=$(redis-cli -p "$port" script load "$(cat "$script")")
+  if [[ -n "${FUNCTION:-}" ]]; then
+    # The script's body as a function whose parameters bear the names of a script's globals.
+    printf '#!lua name=bench\nredis.register_function("decide", function(KEYS, ARGV)\n%s\nend)\n' \
+      "$(cat "$script")" | redis-cli -p "$port" -x function load replace >/dev/null
+    sha=none
+  else
+    sha=$(redis-cli -p "$port" script load "$(cat "$script")")
+  fi
   calls_stream "$sha" "$1" >"$work/calls"
   taskset -c 0 redis-cli -p "$port" --pipe <"$work/calls" >"$work/pipe.out"
   if ! grep -q 'errors: 0,' "$work/pipe.out"; then
@@ -89,7 +99,7 @@ calls() {
 if [[ -z "${INSTRUCTIONS:-}" ]]; then
   start_redis taskset -c 1
   calls 200000
-  stats=$(redis-cli -p "$port" info commandstats | grep '^cmdstat_evalsha:')
+  stats=$(redis-cli -p "$port" info commandstats | grep -E '^cmdstat_(evalsha|fcall):')
   per_call=$(grep -o 'usec_per_call=[0-9.]*' <<<"$stats" | cut -d= -f2)
   echo "$script: $(python3 -c "print(f'{$per_call / $batch:.2f}')") µs of Redis CPU per $buckets-bucket decision ($batch per call)"
   exit 0

@@ -12,8 +12,8 @@
 # refuses nearly every request (429 throughput).
 # The load generator (wrk) and the upstream run on CPU 0, the proxy on CPU 1: they never share
 # a core. Per row: requests/s, p50, p99, the proxy's CPU µs per request (from /proc/PID/stat
-# before and after: the figure that stays stable when requests/s swings on a noisy machine),
-# its peak RSS, and ratios to rows 1 and 3. The rows run in rounds, one after the other, and
+# before and after: the figure that stays stable when requests/s swings on a noisy machine)
+# and how much of it the kernel spent on the proxy's behalf (system time), its peak RSS, and ratios to rows 1 and 3. The rows run in rounds, one after the other, and
 # the table gives each row's median over the rounds: on a shared machine a neighbour's burst
 # then lands in one round of one row, not in the whole of it. Everything started here is
 # stopped by PID.
@@ -52,14 +52,15 @@ source bench/common.sh
 
 clk_tck=$(getconf CLK_TCK)
 
-# CPU ticks (user + system) of a process and its children-threads.
+# CPU ticks of processes (with their threads): user and system (the kernel's, on their behalf).
 cpu_ticks() {
-  local total=0 pid
+  local user=0 system=0 pid
   for pid in "$@"; do
     read -r -a stat < "/proc/$pid/stat"
-    total=$((total + stat[13] + stat[14]))
+    user=$((user + stat[13]))
+    system=$((system + stat[14]))
   done
-  echo "$total"
+  echo "$user $system"
 }
 
 peak_rss_kib() {
@@ -89,25 +90,29 @@ results="$work/results"
 measure() {
   local name=$1 url=$2
   shift 2
-  local before after output rps p50 p99 requests cpu_us rss
-  before=$(cpu_ticks "$@")
+  local user_before system_before user_after system_after output rps p50 p99 requests cpu_us
+  local kernel_us rss
+  read -r user_before system_before < <(cpu_ticks "$@")
   output=$(taskset -c "$LOADGEN_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" --latency \
     -H 'x-user-id: bench-user' "$url")
-  after=$(cpu_ticks "$@")
+  read -r user_after system_after < <(cpu_ticks "$@")
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$output")
   requests=$(awk '/requests in/ {print $1}' <<<"$output")
   p50=$(awk '$1 == "50%" {print $2}' <<<"$output")
   p99=$(awk '$1 == "99%" {print $2}' <<<"$output")
   if [[ $# -gt 0 ]]; then
-    cpu_us=$(awk -v t=$((after - before)) -v hz="$clk_tck" -v n="$requests" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')
+    local user=$((user_after - user_before)) system=$((system_after - system_before))
+    cpu_us=$(awk -v t=$((user + system)) -v hz="$clk_tck" -v n="$requests" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')
+    kernel_us=$(awk -v t="$system" -v hz="$clk_tck" -v n="$requests" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')
     rss=$(( $(peak_rss_kib "$@") / 1024 ))
   else
     cpu_us="-"
+    kernel_us="-"
     rss="-"
   fi
-  echo "$name|$rps|$p50|$p99|$cpu_us|$rss" >> "$results"
+  echo "$name|$rps|$p50|$p99|$cpu_us|$kernel_us|$rss" >> "$results"
   measured_requests=$requests
-  echo "  $name: $rps requests/s, p50 $p50, p99 $p99, $cpu_us CPU µs/request" >&2
+  echo "  $name: $rps requests/s, p50 $p50, p99 $p99, $cpu_us CPU µs/request ($kernel_us in the kernel)" >&2
 }
 
 # nginx with one worker, pinned to the proxy CPU; prints the PIDs of master and worker.
@@ -221,35 +226,40 @@ def latency(us):
 # Every round's measurement of each row, the rows in their order.
 rounds = {}
 for line in open(sys.argv[1]):
-    name, rps, p50, p99, cpu, rss = line.rstrip("\n").split("|")
+    name, rps, p50, p99, cpu, kernel, rss = line.rstrip("\n").split("|")
     rounds.setdefault(name, []).append(
         (float(rps), microseconds(p50), microseconds(p99), None if cpu == "-" else float(cpu),
-         None if rss == "-" else int(rss)))
+         None if kernel == "-" else float(kernel), None if rss == "-" else int(rss)))
 names = list(rounds)
 median = {name: [statistics.median(m[i] for m in rounds[name]) if rounds[name][0][i] is not None
-                 else None for i in range(4)] for name in names}
-peak = {name: max((m[4] for m in rounds[name] if m[4] is not None), default=None) for name in names}
+                 else None for i in range(5)] for name in names}
+peak = {name: max((m[5] for m in rounds[name] if m[5] is not None), default=None) for name in names}
 base1, base3 = median[names[0]][0], median[names[2]][0]
 cpu3 = median[names[2]][3]
 count = len(rounds[names[0]])
 print(f"\nmedians of {count} round(s)\n")
-print("| row | requests/s | p50 | p99 | proxy CPU µs/req | peak RSS MiB | rps ÷ row 1 | rps ÷ row 3 | CPU ÷ row 3 |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| row | requests/s | p50 | p99 | proxy CPU µs/req | of it kernel | peak RSS MiB | rps ÷ row 1 | rps ÷ row 3 | CPU ÷ row 3 |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for name in names:
-    rps, p50, p99, cpu = median[name]
+    rps, p50, p99, cpu, kernel = median[name]
     cpu_text = "-" if cpu is None else f"{cpu:.2f}"
+    kernel_text = "-" if kernel is None else f"{kernel:.2f}"
     cpu_ratio = "-" if cpu is None else f"{cpu / cpu3:.2f}"
     rss = "-" if peak[name] is None else peak[name]
-    print(f"| {name} | {rps:,.0f} | {latency(p50)} | {latency(p99)} | {cpu_text} | {rss} "
-          f"| {rps / base1:.2f} | {rps / base3:.2f} | {cpu_ratio} |")
+    print(f"| {name} | {rps:,.0f} | {latency(p50)} | {latency(p99)} | {cpu_text} | {kernel_text} "
+          f"| {rss} | {rps / base1:.2f} | {rps / base3:.2f} | {cpu_ratio} |")
 
 # Ratios between rows measured in the same round, one per round: the comparisons that a
 # burst on the machine moves least.
-def per_round(numerator, denominator, field):
+def per_round(numerator, denominator, field, denominator_field=None):
     pairs = zip(rounds[names[numerator]], rounds[names[denominator]])
-    return " ".join(f"{a[field] / b[field]:.2f}" for a, b in pairs)
+    below = field if denominator_field is None else denominator_field
+    return " ".join(f"{a[field] / b[below]:.2f}" for a, b in pairs)
 print("\nper round:")
 print(f"  row 4 ÷ row 3, CPU per request: {per_round(3, 2, 3)}; requests/s: {per_round(3, 2, 0)}; p99: {per_round(3, 2, 2)}")
+# The kernel's share of tollgate's CPU, in units of nginx's whole: the ratio row 4 ÷ row 3
+# would have if tollgate's own code cost nothing.
+print(f"  row 4's kernel time ÷ row 3's CPU: {per_round(3, 2, 4, 3)}")
 print(f"  6b ÷ 6a (429s), CPU per request: {per_round(7, 6, 3)}; requests/s: {per_round(7, 6, 0)}")
 print(f"  row 5 ÷ row 4, requests/s: {per_round(4, 3, 0)}")
 print(f"  row 5b ÷ row 4, requests/s: {per_round(5, 3, 0)}")

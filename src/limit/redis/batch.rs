@@ -159,11 +159,14 @@ async fn send_batches(
 ) {
     let mut in_flight = FuturesUnordered::new();
     let mut pending: Vec<Queued> = Vec::new();
+    // Batches' vectors, emptied by their calls and filled again: grown entry by entry, a new
+    // one per call was reallocated and copied several times over.
+    let mut spare: Vec<Vec<Queued>> = Vec::new();
     let mut open = true;
     while open || !pending.is_empty() || !in_flight.is_empty() {
         tokio::select! {
             biased;
-            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+            Some(emptied) = in_flight.next(), if !in_flight.is_empty() => spare.push(emptied),
             received = queue.recv(), if open && pending.len() < BATCH_LIMIT => match received {
                 Some(queued) => pending.push(queued),
                 None => open = false,
@@ -185,7 +188,7 @@ async fn send_batches(
             // A request whose deadline passed as the call it waited for gave up (the same
             // moment, give or take the timer's millisecond) is answered so, not sent.
             let now = crate::limit::clock::deadline_in(std::time::Duration::ZERO);
-            let mut batch = std::mem::take(&mut pending);
+            let mut batch = std::mem::replace(&mut pending, spare.pop().unwrap_or_default());
             // Queued in the order of their deadlines: when the first has not passed, none has.
             if batch.first().is_some_and(|queued| queued.deadline <= now) {
                 let (live, expired): (Vec<Queued>, Vec<Queued>) =
@@ -208,19 +211,20 @@ async fn send_batches(
 /// timeout once the earliest deadline of the batch has passed (a request may so time out a
 /// little before its own deadline, never after). The call carries that deadline in the
 /// server's time: run later, its script charges nothing. A call given up on is still listened
-/// to for a while, by a task of its own, to count it if it ran late.
+/// to for a while, by a task of its own, to count it if it ran late. Gives back the batch's
+/// vector, emptied.
 async fn call(
     connection: ConnectionManager,
     script: &Arc<Script>,
-    batch: Vec<Queued>,
+    mut batch: Vec<Queued>,
     observers: &Observers,
-) {
-    let mut decide = DecideCall::new();
+) -> Vec<Queued> {
+    let mut decide = DecideCall::for_requests(batch.len());
     for queued in &batch {
         decide.push(queued.keys.iter(), &queued.shape, queued.lease.as_deref());
     }
     let Some(deadline) = batch.iter().map(|queued| queued.deadline).min() else {
-        return;
+        return batch;
     };
     let command = decide.command(script, observers.server_clock.deadline(0, deadline));
     // The Arc, not the script: a script's clone copies its source, 12 KB per call (3,200
@@ -238,14 +242,15 @@ async fn call(
         .and_then(|reply| decide.read(&reply, (&observers.server_clock, 0), &observers.late));
     match replies {
         Ok(replies) => {
-            for (queued, reply) in batch.into_iter().zip(replies) {
+            for (queued, reply) in batch.drain(..).zip(replies) {
                 let _ = queued.reply.send((queued.keys, Ok(reply)));
             }
         }
         Err(error) => {
-            for queued in batch {
+            for queued in batch.drain(..) {
                 let _ = queued.reply.send((queued.keys, Err(error.clone())));
             }
         }
     }
+    batch
 }

@@ -115,7 +115,7 @@ impl RedisStore {
             .iter()
             .map(|index| self.arguments(requests, leasing, *index))
             .collect();
-        let mut call = DecideCall::new();
+        let mut call = DecideCall::for_requests(1);
         let lease_name = leasing.map(|leasing| leasing.name);
         call.push(group.iter().map(|index| &keys[*index]), &shape, lease_name);
         let slot = self.clock_slot(keys, group);

@@ -79,11 +79,11 @@ impl BucketArguments {
 /// The buckets of one request, inline for the usual handful.
 pub(super) type Shape = SmallVec<[BucketArguments; 4]>;
 
-/// The reply of `decide.lua` for one request.
+/// The reply of `decide.lua` for one request: its buckets inline, as its shape's are.
 #[derive(Debug, PartialEq)]
 pub(super) struct RequestReply {
     pub admitted: bool,
-    pub buckets: Vec<BucketReply>,
+    pub buckets: SmallVec<[BucketReply; 4]>,
 }
 
 /// What `decide.lua` says of one bucket of a request.
@@ -125,13 +125,15 @@ pub(super) struct DecideCall<'a> {
 }
 
 impl<'a> DecideCall<'a> {
-    pub(super) fn new() -> DecideCall<'a> {
+    /// A call for `requests` requests, its lists sized for them (and for four buckets each):
+    /// grown entry by entry, they were reallocated a dozen times a call.
+    pub(super) fn for_requests(requests: usize) -> DecideCall<'a> {
         DecideCall {
-            keys: Vec::new(),
-            key_indexes: HashMap::default(),
-            shapes: Vec::new(),
-            requests: Vec::new(),
-            bucket_counts: Vec::new(),
+            keys: Vec::with_capacity(4),
+            key_indexes: HashMap::with_capacity_and_hasher(4, Default::default()),
+            shapes: Vec::with_capacity(1),
+            requests: Vec::with_capacity(requests * 5),
+            bucket_counts: Vec::with_capacity(requests),
         }
     }
 
@@ -248,7 +250,7 @@ impl<'a> DecideCall<'a> {
                 flag @ 0..=1 => flag == 1,
                 _ => return Err(malformed()),
             };
-            let mut buckets = Vec::with_capacity(*count);
+            let mut buckets = SmallVec::with_capacity(*count);
             for _ in 0..*count {
                 let tokens = fields.number().ok_or_else(malformed)?;
                 let flags = fields.byte().ok_or_else(malformed)?;

@@ -28,8 +28,10 @@ impl RedisStore {
         requests: &[BucketRequest<'_>],
         leasing: Option<&Leasing<'_>>,
     ) -> Result<(Decision, Leased), StoreError> {
+        // Boxed, as a Cluster's decision is below: the usual decision's future then stays
+        // under a kilobyte (824 bytes, from 2,296), which the allocator serves from its cache.
         if requests.iter().any(|request| request.lease.is_some()) {
-            return self.decide_with_token_leases(requests, leasing).await;
+            return Box::pin(self.decide_with_token_leases(requests, leasing)).await;
         }
         self.decide_shared(requests, leasing).await
     }
@@ -140,10 +142,10 @@ impl RedisStore {
         let manager = match &self.connection {
             Connection::Single(manager) => manager,
             Connection::Cluster(_) => {
-                // Each call keeps the deadline itself, to be listened to after it.
-                let (decision, leased) = self
-                    .decide_across_slots(requests, leasing, &keys, deadline)
-                    .await?;
+                // Each call keeps the deadline itself, to be listened to after it. Boxed, as
+                // the token leases' decision is above.
+                let (decision, leased) =
+                    Box::pin(self.decide_across_slots(requests, leasing, &keys, deadline)).await?;
                 return Ok((keys, decision, leased));
             }
         };

@@ -89,7 +89,7 @@ fn keys_and_shapes_are_sent_once_each() {
             ..bucket(5.0, 1.0)
         },
     ];
-    let mut call = DecideCall::new();
+    let mut call = DecideCall::for_requests(5);
     call.push(["per_ip:a", "global"], &login, None);
     call.push(["per_ip:b", "global"], &login, None);
     call.push(["per_ip:a"], &search, None);
@@ -128,7 +128,7 @@ fn keys_and_shapes_are_sent_once_each() {
 fn replies_are_split_by_request_and_parsed_strictly() {
     let two_buckets = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
     let one_bucket = [bucket(5.0, 1.0)];
-    let mut call = DecideCall::new();
+    let mut call = DecideCall::for_requests(2);
     call.push(["a", "b"], &two_buckets, None);
     call.push(["a"], &one_bucket, None);
     let double = |value: f64| value.to_le_bytes().to_vec();
@@ -153,14 +153,14 @@ fn replies_are_split_by_request_and_parsed_strictly() {
             requests: Some(vec![
                 RequestReply {
                     admitted: true,
-                    buckets: vec![
+                    buckets: smallvec::smallvec![
                         bucket_reply(4.5, true, false, 1.0),
                         bucket_reply(0.0, false, false, 0.5)
                     ],
                 },
                 RequestReply {
                     admitted: false,
-                    buckets: vec![bucket_reply(3.0, false, false, 1.0)],
+                    buckets: smallvec::smallvec![bucket_reply(3.0, false, false, 1.0)],
                 },
             ]),
         }
@@ -210,14 +210,14 @@ fn a_booked_bucket_is_read_only_for_an_admitted_request() {
         debt: 2.0,
         ..bucket(2.0, 1.0)
     }];
-    let mut call = DecideCall::new();
+    let mut call = DecideCall::for_requests(1);
     call.push(["a"], &delaying, None);
     let double = |value: f64| value.to_le_bytes().to_vec();
     let booked = [double(1.7e15), vec![0], vec![1], double(-1.0), vec![4]].concat();
     let requests = call.parse_reply(&booked).unwrap().requests.unwrap();
     assert_eq!(
-        requests[0].buckets,
-        vec![bucket_reply(-1.0, false, true, 1.0)]
+        requests[0].buckets[..],
+        [bucket_reply(-1.0, false, true, 1.0)]
     );
     let charge = Charge {
         capacity: 2.0,

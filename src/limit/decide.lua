@@ -95,8 +95,10 @@ end
 local now_ms = (now - now % 1000) / 1000
 
 -- Per key of KEYS (by index) once read: { tokens now (false: none stored), level, hold,
--- keep, the stored adaptive state as bytes ('' if none), and once charged: the expiry in ms
--- and the tokens to store; for a quota, the end of its period }.
+-- keep, the stored adaptive state as bytes ('' if none), and once charged: the capacity and
+-- the tokens to store; for a quota, the end of its period; once charged, the rate }. The
+-- expiry is worked out once per key, as it is written, from the last charge's numbers: per
+-- charge, its two `ceil` calls cost a twentieth of a batched decision.
 local seen = { false, false, false, false }
 -- Per bucket of the current request, from (i - 1) * 8: its entry in `seen`, tokens now,
 -- capacity, rate, multiplier, cost, sufficient, booked. (Each table a call creates costs Redis
@@ -136,7 +138,7 @@ while pos <= size do
       if not entry then
         -- A key of another type (a hash of an earlier version's format) reads as none.
         local stored = pcall('GET', KEYS[index])
-        entry = { false, 0, 0, 0, '', false, false, false }
+        entry = { false, 0, 0, 0, '', false, false, false, 0 }
         if type(stored) == 'string' and #stored >= 16 then
           local tokens, second = unpack('<dd', stored)
           if rate == 0 then
@@ -211,15 +213,7 @@ while pos <= size do
       reply[replied] = pack('<dB', tokens, sufficient and 1 or 0)
     elseif admitted and (sufficient or booked) then
       tokens = tokens - state[base + 6]
-      local expire_ms
-      if entry[8] then
-        expire_ms = ceil(entry[8] * 1000 - now / 1000)
-      else
-        expire_ms = ceil((state[base + 3] - tokens) / state[base + 4] * 1000)
-        local keep_ms = ceil((entry[4] - now) / 1000)
-        if keep_ms > expire_ms then expire_ms = keep_ms end
-      end
-      entry[6], entry[7] = expire_ms, tokens
+      entry[6], entry[7], entry[9] = state[base + 3], tokens, state[base + 4]
     end
     if entry[2] ~= 'lease' then
       -- What the next request of the batch finds in this bucket: no time passes in between.
@@ -239,7 +233,14 @@ end
 for index = 1, #KEYS do
   local entry = seen[index]
   if entry and entry[6] then
-    local expire_ms = entry[6]
+    local expire_ms
+    if entry[8] then
+      expire_ms = ceil(entry[8] * 1000 - now / 1000)
+    else
+      expire_ms = ceil((entry[6] - entry[7]) / entry[9] * 1000)
+      local keep_ms = ceil((entry[4] - now) / 1000)
+      if keep_ms > expire_ms then expire_ms = keep_ms end
+    end
     if expire_ms > 315360000000 then expire_ms = 315360000000 end
     local bytes = pack('<dd', entry[7], entry[8] or now)
     if entry[5] ~= '' then bytes = bytes .. entry[5] end

@@ -13,10 +13,10 @@
 # The load generator (wrk) and the upstream run on CPU 0, the proxy on CPU 1: they never share
 # a core. Per row: requests/s, p50, p99, the proxy's CPU µs per request (from /proc/PID/stat
 # before and after: the figure that stays stable when requests/s swings on a noisy machine)
-# and how much of it the kernel spent on the proxy's behalf (system time), its peak RSS, and ratios to rows 1 and 3. The rows run in rounds, one after the other, and
-# the table gives each row's median over the rounds: on a shared machine a neighbour's burst
-# then lands in one round of one row, not in the whole of it. Everything started here is
-# stopped by PID.
+# and how much of it the kernel spent on the proxy's behalf (system time), its peak RSS, and
+# ratios to rows 1 and 3. The rows run in rounds, one after the other, and the table gives
+# each row's median over the rounds: on a shared machine a neighbour's burst then lands in one
+# round of one row, not in the whole of it. Everything started here is stopped by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -95,10 +95,10 @@ end
 local now_ms = (now - now % 1000) / 1000
 
 -- Per key of KEYS (by index) once read: { tokens now (false: none stored), level, hold,
--- keep, the stored adaptive state as bytes ('' if none), and once charged: the capacity and
--- the tokens to store; for a quota, the end of its period; once charged, the rate }. The
--- expiry is worked out once per key, as it is written, from the last charge's numbers: per
--- charge, its two `ceil` calls cost a twentieth of a batched decision.
+-- keep, the stored adaptive state as bytes ('' if none), then once charged the capacity and
+-- the tokens to store, for a quota the end of its period, and once charged the rate }. The
+-- key's expiry is worked out once, as the key is written, from its last charge's numbers:
+-- worked out at every charge, its two `ceil` calls cost a twentieth of a batched decision.
 local seen = { false, false, false, false }
 -- Per bucket of the current request, from (i - 1) * 8: its entry in `seen`, tokens now,
 -- capacity, rate, multiplier, cost, sufficient, booked. (Each table a call creates costs Redis

@@ -23,6 +23,8 @@ use futures_util::future::{join_all, BoxFuture};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::TcpSettings;
+use redis::IntoConnectionInfo;
 use redis::Script;
 
 mod batch;
@@ -121,10 +123,19 @@ fn tls_certificates(root_cert: Option<Vec<u8>>) -> redis::TlsCertificates {
 
 /// A client of `url`, trusting `roots` (PEM) besides the system's when given.
 fn node_client(url: String, roots: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
+    let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
     match roots {
-        Some(roots) => redis::Client::build_with_tls(url, tls_certificates(Some(roots.to_vec()))),
-        None => redis::Client::open(url),
+        Some(roots) => redis::Client::build_with_tls(info, tls_certificates(Some(roots.to_vec()))),
+        None => redis::Client::open(info),
     }
+}
+
+/// Nagle's algorithm off. The store multiplexes calls on one connection: with it on (the redis
+/// crate's default), a call written while the one before is unacknowledged waits for that
+/// acknowledgement, which Redis delays until it replies. Two calls in flight then go one at a
+/// time, and a Redis slow to get its CPU stalls the gateway.
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
 }
 
 impl RedisStore {
@@ -142,7 +153,8 @@ impl RedisStore {
                 // As on one node: the callers keep the store's timeout, and a late reply is
                 // still read.
                 .response_timeout(settings.timeout.max(LATE_REPLIES))
-                .retries(1);
+                .retries(1)
+                .tcp_settings(tcp_settings());
             if roots.is_some() {
                 builder = builder.certs(tls_certificates(roots.clone()));
             }

@@ -1,4 +1,4 @@
-//! The store's pure parts: its arguments and its deny cache's arithmetic.
+//! The store's pure parts: its arguments, its deny cache's arithmetic, its connections' settings.
 
 use super::*;
 use crate::limit::{BucketKey, BucketRequest, Charge, KeyParts};
@@ -66,4 +66,26 @@ fn whole_numbers_go_to_redis_as_integers_and_the_rest_as_floats() {
     assert_eq!(text(0.25), "0.25");
     assert_eq!(text(2.5e-7), "2.5e-7");
     assert_eq!(text(1e300).parse::<f64>().unwrap(), 1e300);
+}
+
+#[test]
+fn connections_to_redis_turn_nagles_algorithm_off() {
+    let client = node_client("redis://127.0.0.1:1".to_owned(), None).unwrap();
+    assert!(client.get_connection_info().tcp_settings().nodelay());
+    // A Cluster client's settings show only in its description.
+    let settings = RedisSettings {
+        nodes: vec!["redis://127.0.0.1:1".to_owned()],
+        cluster: true,
+        timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+        prefix: "t:".to_owned(),
+        ca_file: None,
+        lease: Duration::from_secs(60),
+    };
+    let store = RedisStore::new(&settings, Clock::manual()).unwrap();
+    let Connection::Cluster(cluster) = &store.connection else {
+        panic!("a Cluster store");
+    };
+    let description = format!("{:?}", cluster.client);
+    assert!(description.contains("nodelay: true"), "{description}");
 }

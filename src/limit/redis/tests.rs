@@ -4,20 +4,24 @@ use super::*;
 use crate::limit::{BucketKey, BucketRequest, Charge, KeyParts};
 use redis::ToRedisArgs;
 
-#[tokio::test]
-async fn the_deny_cache_refuses_a_delaying_bucket_only_once_its_debt_is_booked_up() {
-    let settings = RedisSettings {
+/// A store's settings for a node nothing listens on: stores made of them never connect.
+fn unreachable_node(cluster: bool) -> RedisSettings {
+    RedisSettings {
         nodes: vec!["redis://127.0.0.1:1".to_owned()],
-        cluster: false,
+        cluster,
         timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
         prefix: "t:".to_owned(),
         ca_file: None,
         lease: Duration::from_secs(60),
-    };
+    }
+}
+
+#[tokio::test]
+async fn the_deny_cache_refuses_a_delaying_bucket_only_once_its_debt_is_booked_up() {
     let clock = Clock::manual();
     // Made without connecting (the connection is lazy); nothing here calls Redis.
-    let store = RedisStore::new(&settings, clock.clone()).unwrap();
+    let store = RedisStore::new(&unreachable_node(false), clock.clone()).unwrap();
     // One token a second, two of debt; Redis said the bucket held -1.5 after a refusal.
     let request = BucketRequest {
         key: BucketKey {
@@ -73,16 +77,7 @@ fn connections_to_redis_turn_nagles_algorithm_off() {
     let client = node_client("redis://127.0.0.1:1".to_owned(), None).unwrap();
     assert!(client.get_connection_info().tcp_settings().nodelay());
     // A Cluster client's settings show only in its description.
-    let settings = RedisSettings {
-        nodes: vec!["redis://127.0.0.1:1".to_owned()],
-        cluster: true,
-        timeout: Duration::from_secs(1),
-        connect_timeout: Duration::from_secs(1),
-        prefix: "t:".to_owned(),
-        ca_file: None,
-        lease: Duration::from_secs(60),
-    };
-    let store = RedisStore::new(&settings, Clock::manual()).unwrap();
+    let store = RedisStore::new(&unreachable_node(true), Clock::manual()).unwrap();
     let Connection::Cluster(cluster) = &store.connection else {
         panic!("a Cluster store");
     };

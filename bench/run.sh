@@ -14,9 +14,10 @@
 # a core. Per row: requests/s, p50, p99, the proxy's CPU µs per request (from /proc/PID/stat
 # before and after: the figure that stays stable when requests/s swings on a noisy machine)
 # and how much of it the kernel spent on the proxy's behalf (system time), its peak RSS, and
-# ratios to rows 1 and 3. The rows run in rounds, one after the other, and the table gives
-# each row's median over the rounds: on a shared machine a neighbour's burst then lands in one
-# round of one row, not in the whole of it. Everything started here is stopped by PID.
+# ratios to rows 1 and 3; per round, the share of the machine's time its hypervisor stole. The
+# rows run in rounds, one after the other, and the table gives each row's median over the
+# rounds: on a shared machine a neighbour's burst then lands in one round of one row, not in
+# the whole of it. Everything started here is stopped by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,6 +64,11 @@ cpu_ticks() {
   echo "$user $system"
 }
 
+# The machine's steal and total ticks (all CPUs): time the hypervisor gave to other guests.
+steal_ticks() {
+  awk '$1 == "cpu" {print $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat
+}
+
 peak_rss_kib() {
   local peak=0 pid value
   for pid in "$@"; do
@@ -92,10 +98,15 @@ measure() {
   shift 2
   local user_before system_before user_after system_after output rps p50 p99 requests cpu_us
   local kernel_us rss
+  local steal_before ticks_before steal_after ticks_after steal
   read -r user_before system_before < <(cpu_ticks "$@")
+  read -r steal_before ticks_before < <(steal_ticks)
   output=$(taskset -c "$LOADGEN_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" --latency \
     -H 'x-user-id: bench-user' "$url")
   read -r user_after system_after < <(cpu_ticks "$@")
+  read -r steal_after ticks_after < <(steal_ticks)
+  steal=$(awk -v s=$((steal_after - steal_before)) -v t=$((ticks_after - ticks_before)) \
+    'BEGIN {printf "%.0f", (t > 0 ? 100 * s / t : 0)}')
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$output")
   requests=$(awk '/requests in/ {print $1}' <<<"$output")
   p50=$(awk '$1 == "50%" {print $2}' <<<"$output")
@@ -110,9 +121,9 @@ measure() {
     kernel_us="-"
     rss="-"
   fi
-  echo "$name|$rps|$p50|$p99|$cpu_us|$kernel_us|$rss" >> "$results"
+  echo "$name|$rps|$p50|$p99|$cpu_us|$kernel_us|$rss|$steal" >> "$results"
   measured_requests=$requests
-  echo "  $name: $rps requests/s, p50 $p50, p99 $p99, $cpu_us CPU µs/request ($kernel_us in the kernel)" >&2
+  echo "  $name: $rps requests/s, p50 $p50, p99 $p99, $cpu_us CPU µs/request ($kernel_us in the kernel), steal $steal %" >&2
 }
 
 # nginx with one worker, pinned to the proxy CPU; prints the PIDs of master and worker.
@@ -226,10 +237,10 @@ def latency(us):
 # Every round's measurement of each row, the rows in their order.
 rounds = {}
 for line in open(sys.argv[1]):
-    name, rps, p50, p99, cpu, kernel, rss = line.rstrip("\n").split("|")
+    name, rps, p50, p99, cpu, kernel, rss, steal = line.rstrip("\n").split("|")
     rounds.setdefault(name, []).append(
         (float(rps), microseconds(p50), microseconds(p99), None if cpu == "-" else float(cpu),
-         None if kernel == "-" else float(kernel), None if rss == "-" else int(rss)))
+         None if kernel == "-" else float(kernel), None if rss == "-" else int(rss), int(steal)))
 names = list(rounds)
 median = {name: [statistics.median(m[i] for m in rounds[name]) if rounds[name][0][i] is not None
                  else None for i in range(5)] for name in names}
@@ -263,6 +274,11 @@ print(f"  row 4's kernel time ÷ row 3's CPU: {per_round(3, 2, 4, 3)}")
 print(f"  6b ÷ 6a (429s), CPU per request: {per_round(7, 6, 3)}; requests/s: {per_round(7, 6, 0)}")
 print(f"  row 5 ÷ row 4, requests/s: {per_round(4, 3, 0)}")
 print(f"  row 5b ÷ row 4, requests/s: {per_round(5, 3, 0)}")
+# On a virtual machine the hypervisor may run other guests on its CPUs: a round where it did
+# measures the host, not the proxies.
+print("  steal, % of the machine's CPU time, rows in order:")
+for index in range(count):
+    print(f"    round {index + 1}: " + " ".join(str(rounds[name][index][6]) for name in names))
 PY
 echo
 echo "$redis_summary"

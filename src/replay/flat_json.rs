@@ -66,8 +66,8 @@ pub(super) fn fields<'a>(line: &'a str, mut field: impl FnMut(&'a str, Value<'a>
 }
 
 /// The positions of a line's quotes, in order, found 64 bytes at a time: each block's quotes
-/// become the bits of one word (`quote_bits`), then each quote is a trailing-zero count. Eight bytes at a time, finding strings was a third of a
-/// replayed line's cost.
+/// become the bits of one word (`quote_bits`), then each quote is a trailing-zero count.
+/// Eight bytes at a time, finding strings was a third of a replayed line's cost.
 struct Quotes<'a> {
     bytes: &'a [u8],
     /// Where the block of `mask` starts.

@@ -10,32 +10,100 @@ use std::sync::Arc;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
 
-use crate::{respond, Body, Shared};
+use crate::{respond, server, Body, Shared};
+
+/// Connections past `[admin] max_connections` that still get an answer, one request each.
+const OVERFLOW_CONNECTIONS: usize = 32;
+
+/// How long an overflow connection has for its one request and answer.
+const OVERFLOW_DEADLINE: Duration = Duration::from_secs(1);
 
 /// Serves until the process exits: while draining, `/readyz` answers 503 so load balancers
 /// take the replica out.
+///
+/// The public listener's guards apply (header read timeout, idle timeout, back-off on a failed
+/// accept) with a connection cap of its own. Past the cap a connection gets one answer within
+/// [`OVERFLOW_DEADLINE`] and is closed: `/healthz` still 200, so that a probe does not restart a
+/// healthy gateway whose admin port is flooded, anything else 503.
 pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let policy = shared.runtime.load().policy.clone();
+    let timeouts = (
+        policy.server.header_read_timeout,
+        policy.server.idle_timeout,
+    );
+    let connections = Arc::new(Semaphore::new(policy.admin.max_connections));
+    let overflow = Arc::new(Semaphore::new(OVERFLOW_CONNECTIONS));
+    let builder = Arc::new(connection_builder(timeouts.0));
+    // The admin listener is never drained: its connections never hear a shutdown.
+    let (_never_sent, no_shutdown) = watch::channel(false);
     loop {
-        let Ok((stream, peer)) = listener.accept().await else {
+        let Some((stream, peer)) = server::accept(&listener).await else {
             continue;
         };
+        let peer = peer.ip().to_canonical();
         let shared = shared.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let shared = shared.clone();
-                async move {
-                    Ok::<_, std::convert::Infallible>(answer(&shared, request, peer.ip()).await)
-                }
+        let permit = connections.clone().try_acquire_owned();
+        if permit.is_err() {
+            shared.metrics.admin_over_limit();
+        }
+        if let Ok(permit) = permit {
+            let (builder, no_shutdown) = (builder.clone(), no_shutdown.clone());
+            tokio::spawn(async move {
+                let answer = move |request| {
+                    let shared = shared.clone();
+                    async move { answer(&shared, request, peer).await }
+                };
+                server::serve_guarded(stream, peer, &builder, timeouts, answer, no_shutdown).await;
+                drop(permit);
             });
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
+        } else if let Ok(permit) = overflow.clone().try_acquire_owned() {
+            tokio::spawn(async move {
+                answer_overflow(stream).await;
+                drop(permit);
+            });
+        } else {
+            tracing::debug!(%peer, "admin listener full; connection closed");
+        }
     }
+}
+
+fn connection_builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    builder
+}
+
+/// One HTTP/1.1 request on a connection past the cap: `/healthz` 200 (the process serves),
+/// anything else 503; then the connection is closed.
+async fn answer_overflow(stream: TcpStream) {
+    let service = service_fn(move |request: Request<Incoming>| {
+        let response = if request.uri().path() == "/healthz" {
+            respond::full(StatusCode::OK, "text/plain", "ok\n")
+        } else {
+            respond::full(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "admin listener at max_connections\n",
+            )
+        };
+        async move { Ok::<_, std::convert::Infallible>(response) }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(OVERFLOW_DEADLINE)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    let _ = tokio::time::timeout(OVERFLOW_DEADLINE, connection).await;
 }
 
 async fn answer(shared: &Shared, request: Request<Incoming>, peer: IpAddr) -> Response<Body> {

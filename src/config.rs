@@ -69,6 +69,9 @@ pub struct AdminSettings {
     pub listen: SocketAddr,
     /// `token_env`: `/limits` then requires this bearer token.
     pub token: Option<AdminToken>,
+    /// Connections served at once; past them, a connection gets one short answer (`/healthz`
+    /// still 200) and is closed.
+    pub max_connections: usize,
 }
 
 /// The admin API's bearer token, as `token_env` named it when the policy was read. Its

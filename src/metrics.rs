@@ -146,6 +146,7 @@ pub struct Metrics {
     upstream_responses: Family,
     pub inflight: IntGauge,
     config_reloads: IntCounterVec,
+    admin_over_limit: SharedIntCounter,
     client_ip_warnings: IntCounterVec,
     penalties: IntCounterVec,
     concurrency_in_use: prometheus::IntGaugeVec,
@@ -263,6 +264,14 @@ impl Metrics {
             "Configuration reloads by result.",
             &["result"],
         );
+        let admin_over_limit = SharedIntCounter::new(
+            "tollgate_admin_connections_over_limit_total",
+            "Admin connections accepted past [admin] max_connections (answered once, or closed).",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(admin_over_limit.clone()))
+            .expect("unique metric");
         let client_ip_warnings = counter(
             "tollgate_client_ip_warnings_total",
             "Requests whose forwarding headers suggest a trust misconfiguration, by cause.",
@@ -340,6 +349,7 @@ impl Metrics {
             upstream_responses,
             inflight,
             config_reloads,
+            admin_over_limit,
             client_ip_warnings,
             penalties,
             concurrency_in_use,
@@ -390,6 +400,11 @@ impl Metrics {
     /// Where a store records how many requests each of its calls decided.
     pub fn store_batches(&self, backend: &str) -> prometheus::Histogram {
         self.store_batch_requests.with_label_values(&[backend])
+    }
+
+    /// An admin connection past `[admin] max_connections`.
+    pub fn admin_over_limit(&self) {
+        self.admin_over_limit.inc();
     }
 
     pub fn config_reload(&self, ok: bool) {

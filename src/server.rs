@@ -19,7 +19,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::config::{Http1Path, ServerSettings};
@@ -32,6 +32,9 @@ mod http1;
 
 /// hyper's smallest read buffer.
 const MIN_BUFFER: usize = 8192;
+
+/// How long a listener waits after a failed accept.
+const ACCEPT_BACK_OFF: Duration = Duration::from_millis(50);
 
 /// A listening socket on `address` (address reuse, backlog 1024), and the address it got
 /// (an ephemeral port resolved).
@@ -62,17 +65,11 @@ pub(crate) async fn serve(
     let tls = settings.tls.is_some();
     loop {
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            accepted = accept(&listener) => accepted,
             _ = shutdown.changed() => break,
         };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Usually out of file descriptors: back off instead of spinning.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
+        let Some((stream, peer)) = accepted else {
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let peer = peer.ip().to_canonical();
@@ -111,6 +108,19 @@ pub(crate) async fn serve(
     tracing::info!("listener closed");
 }
 
+/// The next connection; `None` after a failed accept, once the listener has backed off:
+/// usually the process is out of file descriptors, and retrying at once would spin.
+pub(crate) async fn accept(listener: &TcpListener) -> Option<(TcpStream, SocketAddr)> {
+    match listener.accept().await {
+        Ok(accepted) => Some(accepted),
+        Err(error) => {
+            tracing::warn!(%error, "accept failed");
+            tokio::time::sleep(ACCEPT_BACK_OFF).await;
+            None
+        }
+    }
+}
+
 fn connection_builder(settings: &ServerSettings) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -132,7 +142,7 @@ async fn serve_connection<S>(
     gateway: Gateway,
     builder: Arc<auto::Builder<TokioExecutor>>,
     guards: ConnectionGuards,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -160,50 +170,128 @@ async fn serve_connection<S>(
         }
     }
     stream.read_ahead = buffer.freeze();
-    let io = TokioIo::new(stream);
     let peer = connection.peer;
-    let service = service_fn(move |request: Request<Incoming>| {
+    let answer = move |request: Request<Incoming>| {
         let (gateway, connection) = (gateway.clone(), connection.clone());
         async move {
             let request = request.map(RequestBody::Incoming);
             let mut fields = SetFields::default();
             let mut response = gateway.handle(request, &connection, &mut fields).await;
             fields.apply(response.headers_mut());
-            Ok::<_, std::convert::Infallible>(response)
+            response
         }
-    });
-    let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));
-    let mut draining = *shutdown.borrow();
-    if draining {
-        conn.as_mut().graceful_shutdown();
-    }
-    // hyper times a head from its first byte: a connection that sends nothing at all is cut
-    // off here, as the own path does, at the header read timeout after the accept.
-    let mut silent = pin!(tokio::time::sleep(guards.header_read_timeout));
-    let mut heard = activity.count() > 0;
-    loop {
-        tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(error) = result {
-                    tracing::debug!(%peer, %error, "connection ended with an error");
-                }
-                break;
-            }
-            _ = &mut silent, if !heard => {
-                heard = activity.count() > 0;
-                if !heard {
-                    tracing::debug!(%peer, "no request within the header read timeout");
+    };
+    let guarded = Guarded {
+        stream,
+        activity: &activity,
+        watchdog: &mut watchdog,
+        header_read_timeout: guards.header_read_timeout,
+    };
+    guarded.serve(&builder, answer, peer, shutdown).await;
+}
+
+/// Serves a connection that the guards watch with hyper (for the admin listener, which has no
+/// own path): no request within the header read timeout, or idle for the idle timeout, and it
+/// is closed.
+pub(crate) async fn serve_guarded<F, Answer>(
+    stream: TcpStream,
+    peer: std::net::IpAddr,
+    builder: &auto::Builder<TokioExecutor>,
+    timeouts: (Duration, Duration),
+    answer: F,
+    shutdown: watch::Receiver<bool>,
+) where
+    F: Fn(Request<Incoming>) -> Answer + Send + Sync + 'static,
+    Answer: std::future::Future<Output = http::Response<crate::Body>> + Send + 'static,
+{
+    let (header_read_timeout, idle_timeout) = timeouts;
+    let activity = Arc::new(Activity::new());
+    let guards = ConnectionGuards {
+        own_http1: false,
+        max_head_bytes: MIN_BUFFER,
+        header_read_timeout,
+        idle_timeout,
+    };
+    let mut watchdog = Watchdog::new(activity.clone(), &guards);
+    let guarded = Guarded {
+        stream: TrackedStream {
+            inner: stream,
+            activity: activity.clone(),
+            read_ahead: Bytes::new(),
+        },
+        activity: &activity,
+        watchdog: &mut watchdog,
+        header_read_timeout,
+    };
+    guarded.serve(builder, answer, peer, shutdown).await;
+}
+
+/// A connection on its way to hyper, with what watches it.
+struct Guarded<'a, S> {
+    stream: TrackedStream<S>,
+    activity: &'a Activity,
+    watchdog: &'a mut Watchdog,
+    header_read_timeout: Duration,
+}
+
+impl<S> Guarded<'_, S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    /// Lets hyper serve the connection until it ends, shutdown drains it, or a guard cuts it.
+    async fn serve<F, Answer>(
+        self,
+        builder: &auto::Builder<TokioExecutor>,
+        answer: F,
+        peer: std::net::IpAddr,
+        mut shutdown: watch::Receiver<bool>,
+    ) where
+        F: Fn(Request<Incoming>) -> Answer + Send + Sync + 'static,
+        Answer: std::future::Future<Output = http::Response<crate::Body>> + Send + 'static,
+    {
+        let Guarded {
+            stream,
+            activity,
+            watchdog,
+            header_read_timeout,
+        } = self;
+        let service = service_fn(move |request: Request<Incoming>| {
+            let answered = answer(request);
+            async move { Ok::<_, std::convert::Infallible>(answered.await) }
+        });
+        let mut conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(stream), service));
+        let mut draining = *shutdown.borrow();
+        if draining {
+            conn.as_mut().graceful_shutdown();
+        }
+        // hyper times a head from its first byte: a connection that sends nothing at all is
+        // cut off here, as the own path does, at the header read timeout after the accept.
+        let mut silent = pin!(tokio::time::sleep(header_read_timeout));
+        let mut heard = activity.count() > 0;
+        loop {
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(%peer, %error, "connection ended with an error");
+                    }
                     break;
                 }
-            }
-            _ = shutdown.changed(), if !draining => {
-                conn.as_mut().graceful_shutdown();
-                draining = true;
-            }
-            idle = watchdog.tick(), if !draining => {
-                if idle {
+                _ = &mut silent, if !heard => {
+                    heard = activity.count() > 0;
+                    if !heard {
+                        tracing::debug!(%peer, "no request within the header read timeout");
+                        break;
+                    }
+                }
+                _ = shutdown.changed(), if !draining => {
                     conn.as_mut().graceful_shutdown();
                     draining = true;
+                }
+                idle = watchdog.tick(), if !draining => {
+                    if idle {
+                        conn.as_mut().graceful_shutdown();
+                        draining = true;
+                    }
                 }
             }
         }

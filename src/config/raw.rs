@@ -126,6 +126,7 @@ pub struct RawAdmin {
     pub listen: Option<Spanned<String>>,
     /// The environment variable holding the bearer token `/limits` requires.
     pub token_env: Option<Spanned<String>>,
+    pub max_connections: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -16,6 +16,9 @@ use crate::config::{AdminSettings, AdminToken, ClientIpSettings, ServerSettings,
 
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+/// Probes, a scraper and a few operators: far more than they need at once.
+const DEFAULT_ADMIN_CONNECTIONS: usize = 64;
+const MAX_ADMIN_CONNECTIONS: i64 = 65_536;
 /// hyper cannot read request heads into a buffer smaller than this.
 const MIN_HEADER_BYTES: i64 = 8192;
 
@@ -144,7 +147,25 @@ pub(super) fn compile_admin(raw: raw::RawAdmin, errors: &mut Errors<'_>) -> Admi
             }
         }
     });
+    let max_connections = match raw.max_connections {
+        Some(count) if (1..=MAX_ADMIN_CONNECTIONS).contains(count.get_ref()) => {
+            *count.get_ref() as usize
+        }
+        Some(count) => {
+            errors.at(
+                Some(count.span()),
+                "admin.max_connections",
+                format!(
+                    "{} is out of range: expected 1 to {MAX_ADMIN_CONNECTIONS}",
+                    count.get_ref()
+                ),
+            );
+            DEFAULT_ADMIN_CONNECTIONS
+        }
+        None => DEFAULT_ADMIN_CONNECTIONS,
+    };
     AdminSettings {
+        max_connections,
         listen: listen.unwrap_or_else(|| {
             DEFAULT_ADMIN_LISTEN
                 .parse()
@@ -297,6 +318,7 @@ mod tests {
         let server = &policy.server;
         assert_eq!(server.listen, ["0.0.0.0:8080".parse().unwrap()]);
         assert_eq!(policy.admin.listen, "127.0.0.1:9090".parse().unwrap());
+        assert_eq!(policy.admin.max_connections, 64);
         assert_eq!(server.max_header_bytes, 16384);
         assert_eq!(server.max_buffered_body, 64 * 1024);
         assert_eq!(server.header_read_timeout, Duration::from_secs(10));

@@ -9,7 +9,8 @@ use tollgate::client_ip::{self, Trust};
 use tollgate::config::{HeaderMode, Policy};
 use tollgate::key::{self, KeyHasher, RequestFacts};
 use tollgate::limit::{BucketKey, BucketRequest, Charge, Clock, KeyPart, MemoryStore};
-use tollgate::respond::{self, LimitReport, SetFields};
+use tollgate::reject::LimitReport;
+use tollgate::respond::{self, SetFields};
 use tollgate::{path, route};
 
 fn three_limit_policy() -> Policy {

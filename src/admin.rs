@@ -16,7 +16,9 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
-use crate::{respond, server, Body, Shared};
+use crate::body::Body;
+use crate::shared::Shared;
+use crate::{respond, server};
 
 /// Connections past `[admin] max_connections` that still get an answer, one request each.
 const OVERFLOW_CONNECTIONS: usize = 32;

@@ -9,7 +9,9 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::BodyExt;
 
 use crate::in_flight::InFlight;
-use crate::BoxError;
+
+/// The error of a body that failed on its way.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Bytes in memory — the gateway's own answers, and upstream bodies that arrived with their
 /// head — or any other body, boxed. Bytes in memory are not boxed: that would cost an

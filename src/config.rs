@@ -16,10 +16,12 @@ use http::{Method, Uri};
 use ipnet::IpNet;
 
 pub use raw::{
-    Backend, HeaderMode, Http1Path, KeySource, Missing, Mode, Normalize, PathMatching,
-    StoreFailurePolicy,
+    Backend, HeaderMode, Http1Path, KeySource, Missing, Mode, Normalize, StoreFailurePolicy,
 };
 pub use units::Rate;
+
+pub use crate::path::PathMatching;
+pub use crate::tls::TlsFiles;
 
 use crate::client_ip::Trust;
 
@@ -55,13 +57,6 @@ pub struct ServerSettings {
     pub ratelimit_headers: HeaderMode,
     pub http1: Http1Path,
     pub path_matching: PathMatching,
-}
-
-/// PEM files of the listener's certificate chain and private key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
 }
 
 #[derive(Debug, Clone, PartialEq)]

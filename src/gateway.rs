@@ -20,7 +20,6 @@ mod decide;
 mod delay;
 mod finish;
 mod outcomes;
-pub mod reject;
 pub(crate) mod slots;
 
 use std::net::IpAddr;
@@ -38,21 +37,23 @@ use self::access_log::Exchange;
 use self::body::read_body;
 use self::checks::FieldScan;
 use self::decide::Decider;
-pub use self::reject::{Cause, Reject, Reports};
 use self::slots::SlotRequests;
+use crate::body::Body;
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
 use crate::limit::concurrency::{SlotKey, SlotRequest};
 use crate::limit::{clock, BucketKey, BucketRequest};
 use crate::metrics::StatusClass;
+use crate::reject::{Reject, Reports};
+use crate::request_id::{REQUEST_ID_NAME, X_REQUEST_ID};
 use crate::respond::{self, FieldValue, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
 use crate::shared::Shared;
 use crate::upstream::{self, ForwardError, OutgoingBody};
 use crate::wire::header_maps;
 use crate::wire::message::{self, UpgradeExpected};
-use crate::{client_ip, path, route, Body};
+use crate::{client_ip, path, route};
 
 /// A client request's body as the server hands it over.
 #[derive(Debug)]
@@ -456,7 +457,3 @@ impl Gateway {
         })
     }
 }
-
-pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
-/// As a static, for `SetFields` and `upstream::Forwarding`, which hand out references to it.
-pub(crate) static REQUEST_ID_NAME: http::HeaderName = X_REQUEST_ID;

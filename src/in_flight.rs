@@ -50,5 +50,5 @@ pub(crate) struct InFlight {
     pub(crate) upstream: Option<UpstreamInFlight>,
     /// The request's slots of concurrency limits. Boxed: few routes have them, and every
     /// response moves its body several times on the way out (inline, they tripled its size).
-    pub(crate) slots: Option<Box<crate::gateway::slots::Held>>,
+    pub(crate) slots: Option<Box<crate::limit::Held>>,
 }

@@ -23,6 +23,7 @@ pub mod limit;
 pub mod metrics;
 pub mod overload;
 pub mod path;
+pub mod reject;
 pub mod replay;
 mod request_id;
 pub mod respond;
@@ -48,8 +49,7 @@ use crate::gateway::Gateway;
 use crate::limit::{Clock, MemoryStore, RedisStore, Store};
 use crate::shared::Shared;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub use body::Body;
+pub use body::{Body, BoxError};
 pub use errors::{ReloadError, StartError};
 pub use request_id::RequestId;
 
@@ -111,8 +111,8 @@ impl Tollgate {
         background::spawn_load_ticker(Arc::downgrade(&shared));
         background::spawn_sweeper(Arc::downgrade(&shared));
         background::spawn_store_probe(Arc::downgrade(&shared));
-        if matches!(shared.store, Store::Redis(_)) {
-            tokio::spawn(RedisStore::follow_resets(Arc::downgrade(&shared)));
+        if let Store::Redis(redis) = &shared.store {
+            tokio::spawn(RedisStore::follow_resets(Arc::downgrade(redis)));
         }
 
         Ok(Tollgate {

@@ -15,6 +15,7 @@ pub mod memory;
 pub mod redis;
 
 use std::fmt;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -22,7 +23,7 @@ pub use adaptive::{AdaptiveParams, AdaptiveState};
 pub use bucket::{BucketState, Charge, QuotaPeriod, Verdict};
 pub use clock::{Clock, Timestamp};
 pub use memory::MemoryStore;
-pub use redis::{RedisStore, Refund};
+pub use redis::{RedisStore, Refund, SlotLeases};
 
 /// A key's parts: one for most limits, two for a composite key, kept inline up to that.
 pub type KeyParts = smallvec::SmallVec<[KeyPart; 2]>;
@@ -217,7 +218,17 @@ pub enum StoreError {
 #[derive(Debug)]
 pub enum Store {
     Memory(MemoryStore),
-    Redis(Box<RedisStore>),
+    Redis(Arc<RedisStore>),
+}
+
+/// A request's slots of concurrency limits, in the store that gave them: given back when
+/// dropped (with the response body that carries them).
+#[derive(Debug)]
+pub enum Held {
+    /// This process's (the memory store, or `on_store_failure = "local"`).
+    Local(#[allow(dead_code)] concurrency::HeldSlots),
+    /// Leases in Redis, shared by every replica.
+    Leases(#[allow(dead_code)] SlotLeases),
 }
 
 impl Store {

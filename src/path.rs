@@ -7,12 +7,26 @@
 
 use std::borrow::Cow;
 
+use serde::Deserialize;
+
+/// What routes are matched on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PathMatching {
+    /// The canonical path (`path::canonical`): case folded, `;` parameters removed, `\` as
+    /// `/`, so that every variant an application routes alike meets the same route.
+    #[default]
+    Canonical,
+    /// The normalized path as it is, for applications that route case-sensitively.
+    Strict,
+}
+
 /// What routes are compared with: the normalized path, in canonical form unless `[server]
 /// path_matching = "strict"`.
-pub fn for_matching(normalized: &str, matching: crate::config::PathMatching) -> Cow<'_, str> {
+pub fn for_matching(normalized: &str, matching: PathMatching) -> Cow<'_, str> {
     match matching {
-        crate::config::PathMatching::Canonical => canonical(normalized),
-        crate::config::PathMatching::Strict => Cow::Borrowed(normalized),
+        PathMatching::Canonical => canonical(normalized),
+        PathMatching::Strict => Cow::Borrowed(normalized),
     }
 }
 

@@ -7,6 +7,10 @@ use http::HeaderValue;
 
 use crate::hex::write_hex;
 
+pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+/// As a static, for `SetFields` and `upstream::Forwarding`, which hand out references to it.
+pub(crate) static REQUEST_ID_NAME: http::HeaderName = X_REQUEST_ID;
+
 /// A request's `X-Request-Id`: the client's, or one made here, kept inline (a header value
 /// would cost an allocation per request, and another at its first clone).
 #[derive(Debug, Clone, PartialEq, Eq)]

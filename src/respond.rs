@@ -7,10 +7,12 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER
 use http::{Response, StatusCode};
 use smallvec::SmallVec;
 
+use crate::body::Body;
 use crate::config::HeaderMode;
-use crate::gateway::Reject;
+use crate::grpc;
+use crate::reject::{LimitReport, Reject};
+use crate::request_id::RequestId;
 use crate::upstream::ForwardError;
-use crate::{grpc, Body, RequestId};
 
 /// Header fields the gateway sets on a response, kept beside the response's header map until
 /// the head is written: the server's own HTTP/1.1 path writes them straight into the head (no
@@ -157,23 +159,6 @@ fn refused_wait(reports: &[LimitReport<'_>]) -> f64 {
         .filter(|report| report.refused)
         .map(|report| report.wait)
         .fold(0.0, f64::max)
-}
-
-/// What a client is told about one applicable, enforcing limit after a decision.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LimitReport<'a> {
-    pub name: &'a str,
-    pub capacity: f64,
-    /// Tokens per second.
-    pub rate: f64,
-    pub cost: f64,
-    /// Tokens left after this decision.
-    pub tokens: f64,
-    /// Seconds until the bucket is full.
-    pub full_in: f64,
-    /// Seconds until this request's cost would be available; 0 when it was.
-    pub wait: f64,
-    pub refused: bool,
 }
 
 impl LimitReport<'_> {

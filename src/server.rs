@@ -23,10 +23,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::config::{Http1Path, ServerSettings};
+use crate::errors::StartError;
 use crate::gateway::{Connection, Gateway, RequestBody};
 use crate::limit::clock;
 use crate::respond::SetFields;
-use crate::StartError;
 
 mod http1;
 
@@ -202,7 +202,7 @@ pub(crate) async fn serve_guarded<F, Answer>(
     shutdown: watch::Receiver<bool>,
 ) where
     F: Fn(Request<Incoming>) -> Answer + Send + Sync + 'static,
-    Answer: std::future::Future<Output = http::Response<crate::Body>> + Send + 'static,
+    Answer: std::future::Future<Output = http::Response<crate::body::Body>> + Send + 'static,
 {
     let (header_read_timeout, idle_timeout) = timeouts;
     let activity = Arc::new(Activity::new());
@@ -247,7 +247,7 @@ where
         mut shutdown: watch::Receiver<bool>,
     ) where
         F: Fn(Request<Incoming>) -> Answer + Send + Sync + 'static,
-        Answer: std::future::Future<Output = http::Response<crate::Body>> + Send + 'static,
+        Answer: std::future::Future<Output = http::Response<crate::body::Body>> + Send + 'static,
     {
         let Guarded {
             stream,

@@ -10,13 +10,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::client_ip::{TrustWarning, MANY_FORWARDING_PEERS};
 use crate::config::Policy;
+use crate::errors::{ReloadError, StartError};
 use crate::key::KeyHasher;
 use crate::limit::{Clock, MemoryStore, RedisStore, Store};
 use crate::metrics::{Metrics, StoreCallMetrics};
 use crate::overload::LoadMonitor;
 use crate::request_id::RequestIds;
 use crate::runtime::Runtime;
-use crate::{ReloadError, StartError};
 
 /// How many short chains are counted between checks of whether they are routine.
 const SHORT_CHAIN_SAMPLE: u64 = 50;
@@ -96,7 +96,7 @@ impl Shared {
         };
         let metrics = Metrics::new();
         let store = match &policy.store.redis {
-            Some(settings) => Store::Redis(Box::new(
+            Some(settings) => Store::Redis(Arc::new(
                 RedisStore::new(settings, clock.clone())
                     .map_err(StartError::Store)?
                     .observing(
@@ -108,7 +108,7 @@ impl Shared {
             None => Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone())),
         };
         let runtime = Runtime::new(policy.clone(), &metrics).map_err(StartError::Upstream)?;
-        let tls = crate::tls::acceptor(policy).map_err(StartError::Tls)?;
+        let tls = crate::tls::acceptor(policy.server.tls.as_ref()).map_err(StartError::Tls)?;
         Ok(Shared {
             store_calls: metrics.store_call(store.backend()),
             store,
@@ -129,7 +129,7 @@ impl Shared {
     /// Puts a new runtime, compiled from `policy`, in place for new requests (those in flight
     /// keep theirs). What only a restart changes is logged, not applied.
     pub(crate) fn swap_policy(&self, policy: Policy) -> Result<(), ReloadError> {
-        let tls = crate::tls::acceptor(&policy).map_err(ReloadError::Tls)?;
+        let tls = crate::tls::acceptor(policy.server.tls.as_ref()).map_err(ReloadError::Tls)?;
         let runtime = Runtime::new(policy, &self.metrics).map_err(ReloadError::Upstream)?;
         let current = self.runtime.load();
         let (old, new) = (&current.policy, &runtime.policy);

@@ -1,14 +1,19 @@
 //! TLS with rustls: the listener's configuration (TLS 1.2 and 1.3, ALPN `h2` and
 //! `http/1.1`) and the client configuration for `https://` upstreams.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-use crate::config::TlsFiles;
+/// PEM files of the listener's certificate chain and private key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -83,12 +88,9 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<ClientConfig, String> {
 
 /// The listeners' TLS acceptor, reading the certificate files now; `None` without `tls`.
 pub(crate) fn acceptor(
-    policy: &crate::config::Policy,
+    files: Option<&TlsFiles>,
 ) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
-    policy
-        .server
-        .tls
-        .as_ref()
+    files
         .map(|files| server_config(files).map(tokio_rustls::TlsAcceptor::from))
         .transpose()
 }

@@ -2,31 +2,31 @@
 //! addresses (skipping ones that just refused a connection), timeouts, and the header
 //! rewriting a reverse proxy owes both sides.
 
-use std::borrow::Cow;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
 mod connection_pool;
+mod forwarding;
 mod http1;
 mod watched_body;
 
 use std::sync::Arc;
 
 use connection_pool::{ConnectionPool, PoolError};
+pub use forwarding::{peer_header, Forwarding, X_FORWARDED_FOR};
 use smallvec::SmallVec;
 use watched_body::WatchedBody;
 
+use crate::body::Body;
 use crate::config::{Upstream, UpstreamTarget};
-use crate::gateway::REQUEST_ID_NAME;
 use crate::limit::clock;
+use crate::tls;
 use crate::wire::message::response_head_too_large;
-use crate::{tls, Body, RequestId};
 
 /// Requests with a body in memory up to this size take the gateway's own client, which writes
 /// the whole request before reading: far below what the socket buffers hold, so an upstream
@@ -412,178 +412,9 @@ fn base_path<'t>(target: &'t UpstreamTarget, path: &str) -> &'t str {
 /// The request target of `OPTIONS *` (RFC 9112 §3.2.4), forwarded as it is.
 pub const ASTERISK: &str = "*";
 
-pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-
-/// A peer address as an `X-Forwarded-For` entry (IPv4-mapped IPv6 written as IPv4).
-pub fn peer_header(peer: IpAddr) -> HeaderValue {
-    HeaderValue::from_str(&peer.to_canonical().to_string())
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
-}
-
-/// The fields the gateway sets on a forwarded request, replacing any the client sent:
-/// `X-Request-Id`; `Host` (the client's) and `X-Forwarded-Host` when the request named a host;
-/// `X-Forwarded-For`, the client's chain with the peer appended; `X-Forwarded-Proto`.
-///
-/// Kept apart from the request's header map: the gateway's own client writes them straight
-/// into the request head, which saves inserting five fields into the map and dropping them
-/// again on every request. Only hyper's client path puts them into the map ([`Self::apply`]).
-///
-/// It borrows what it can from the request and its connection: a clone of a header value is
-/// a reference count, a locked instruction, and so is its drop.
-#[derive(Debug, Clone)]
-pub struct Forwarding<'a> {
-    request_id: &'a RequestId,
-    host: Option<&'a HeaderValue>,
-    forwarded_for: Option<Cow<'a, HeaderValue>>,
-    proto: &'static str,
-}
-
-// The names as statics, so that `Forwarding::fields` can hand out references to them.
-static HOST: HeaderName = header::HOST;
-static FORWARDED_HOST: HeaderName = X_FORWARDED_HOST;
-static FORWARDED_FOR: HeaderName = X_FORWARDED_FOR;
-static FORWARDED_PROTO: HeaderName = X_FORWARDED_PROTO;
-
-impl<'a> Forwarding<'a> {
-    /// `peer` is the TCP peer's address as a header value (rendered once per connection);
-    /// `forwarded_for` are the client's `X-Forwarded-For` values, the chain to extend.
-    pub fn new<'h>(
-        forwarded_for: impl Iterator<Item = &'h HeaderValue>,
-        request_id: &'a RequestId,
-        peer: &'a HeaderValue,
-        proto: &'static str,
-        host: Option<&'a HeaderValue>,
-    ) -> Forwarding<'a> {
-        let mut chain = String::new();
-        for entry in forwarded_for
-            .filter_map(|value| value.to_str().ok())
-            .map(str::trim)
-            .filter(|value| !value.is_empty())
-        {
-            chain.push_str(entry);
-            chain.push_str(", ");
-        }
-        let forwarded_for = if chain.is_empty() {
-            Some(Cow::Borrowed(peer))
-        } else {
-            chain.push_str(peer.to_str().unwrap_or_default());
-            HeaderValue::from_str(&chain).ok().map(Cow::Owned)
-        };
-        Forwarding {
-            request_id,
-            host,
-            forwarded_for,
-            proto,
-        }
-    }
-
-    /// Whether the request will carry a `Host` set here.
-    pub fn sets_host(&self) -> bool {
-        self.host.is_some()
-    }
-
-    /// Whether a field of the client's named `name` gives way to one of these.
-    pub fn replaces(&self, name: &HeaderName) -> bool {
-        *name == crate::gateway::X_REQUEST_ID
-            || *name == X_FORWARDED_PROTO
-            || (self.forwarded_for.is_some() && *name == X_FORWARDED_FOR)
-            || (self.host.is_some() && (*name == header::HOST || *name == X_FORWARDED_HOST))
-    }
-
-    /// The fields as `(name, value)` pairs, in the order they are written.
-    pub fn fields(&self) -> impl Iterator<Item = (&'static HeaderName, &[u8])> {
-        let host = self
-            .host
-            .iter()
-            .flat_map(|host| [(&HOST, *host), (&FORWARDED_HOST, *host)]);
-        let forwarded_for = self
-            .forwarded_for
-            .iter()
-            .map(|value| (&FORWARDED_FOR, value.as_ref()));
-        host.chain(forwarded_for)
-            .map(|(name, value)| (name, value.as_bytes()))
-            .chain([
-                (&FORWARDED_PROTO, self.proto.as_bytes()),
-                (&REQUEST_ID_NAME, self.request_id.as_bytes()),
-            ])
-    }
-
-    /// Puts the fields into `headers`, replacing the client's.
-    pub fn apply(self, headers: &mut HeaderMap) {
-        for (name, value) in self.fields() {
-            // Every value is a header value's bytes or the request id's visible ASCII.
-            if let Ok(value) = HeaderValue::from_bytes(value) {
-                headers.insert(name.clone(), value);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn forwarded_headers_append_the_peer() {
-        let mut headers = HeaderMap::new();
-        headers.append(X_FORWARDED_FOR, "1.1.1.1".parse().unwrap());
-        headers.append(X_FORWARDED_FOR, "2.2.2.2".parse().unwrap());
-        headers.append(X_FORWARDED_PROTO, "gopher".parse().unwrap());
-        headers.append(crate::gateway::X_REQUEST_ID, "from-client".parse().unwrap());
-        let host = HeaderValue::from_static("shop.example.com");
-        let request_id = RequestId::Client(HeaderValue::from_static("r-1"));
-        let peer = peer_header("::ffff:10.0.0.1".parse().unwrap());
-        let forwarding = Forwarding::new(
-            headers.get_all(X_FORWARDED_FOR).iter(),
-            &request_id,
-            &peer,
-            "http",
-            Some(&host),
-        );
-        for name in headers.keys() {
-            assert!(forwarding.replaces(name), "{name}");
-        }
-        let written: Vec<(String, String)> = forwarding
-            .fields()
-            .map(|(name, value)| (name.to_string(), String::from_utf8(value.to_vec()).unwrap()))
-            .collect();
-        let mut applied = headers.clone();
-        forwarding.apply(&mut applied);
-        assert_eq!(applied[X_FORWARDED_FOR], "1.1.1.1, 2.2.2.2, 10.0.0.1");
-        assert_eq!(applied[X_FORWARDED_PROTO], "http");
-        assert_eq!(applied[X_FORWARDED_HOST], "shop.example.com");
-        assert_eq!(applied[header::HOST], "shop.example.com");
-        assert_eq!(applied[crate::gateway::X_REQUEST_ID], "r-1");
-        assert_eq!(applied.len(), 5, "the client's fields were replaced");
-        // Written or applied, the request carries the same fields.
-        let mut from_map: Vec<(String, String)> = applied
-            .iter()
-            .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
-            .collect();
-        let mut written = written;
-        from_map.sort();
-        written.sort();
-        assert_eq!(written, from_map);
-    }
-
-    #[test]
-    fn without_a_host_the_clients_host_fields_stay() {
-        let request_id = RequestId::Client(HeaderValue::from_static("r-1"));
-        let peer = HeaderValue::from_static("10.0.0.1");
-        let forwarding = Forwarding::new(std::iter::empty(), &request_id, &peer, "https", None);
-        assert!(!forwarding.sets_host());
-        assert!(!forwarding.replaces(&header::HOST));
-        assert!(!forwarding.replaces(&X_FORWARDED_HOST));
-        assert!(forwarding.replaces(&X_FORWARDED_FOR));
-        assert!(!forwarding.replaces(&HeaderName::from_static("x-user-id")));
-        let names: Vec<&str> = forwarding.fields().map(|(name, _)| name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["x-forwarded-for", "x-forwarded-proto", "x-request-id"]
-        );
-    }
 
     #[test]
     fn target_uris_join_base_path_and_request() {

@@ -7,10 +7,12 @@ use std::net::IpAddr;
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
 
+use crate::body::Body;
 use crate::config::{Limit, Mode, Tier};
 use crate::key;
 use crate::limit::BucketKey;
-use crate::{respond, Body, Shared};
+use crate::respond;
+use crate::shared::Shared;
 
 /// Answers `/limits` and `/limits/{limit}?key=VALUE[&key=VALUE…][&tier=NAME]`.
 pub(super) async fn answer(

@@ -74,7 +74,7 @@ pub struct RawServer {
     pub grace_period: Option<HumanDuration>,
     pub ratelimit_headers: Option<HeaderMode>,
     pub http1: Option<Http1Path>,
-    pub path_matching: Option<PathMatching>,
+    pub path_matching: Option<crate::path::PathMatching>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -95,18 +95,6 @@ pub enum HeaderMode {
     Ietf,
     Both,
     None,
-}
-
-/// What routes are matched on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PathMatching {
-    /// The canonical path (`path::canonical`): case folded, `;` parameters removed, `\` as
-    /// `/`, so that every variant an application routes alike meets the same route.
-    #[default]
-    Canonical,
-    /// The normalized path as it is, for applications that route case-sensitively.
-    Strict,
 }
 
 /// Which HTTP/1.1 server serves plain bodyless requests.

@@ -33,6 +33,10 @@ impl fmt::Display for Rate {
 /// The largest token count the bucket math holds exactly: every integer up to 2^53 is an f64.
 pub const MAX_EXACT_TOKENS: f64 = 9_007_199_254_740_992.0;
 
+/// The longest an empty bucket may take to fill (so that every announced wait is a number a
+/// client can use): 10 years.
+pub const MAX_REFILL_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
+
 /// Parses `"<tokens>/<period>"`: tokens a decimal number (`5`, `0.5`), the period a unit
 /// (`s`, `min`, `h`, `d`) or a whole number of a unit (`30s`, `2min`, `500ms`, `2h`, `7d`):
 /// exactly what the error message lists. Zero and negative rates are refused, and so are token

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 
-use super::reject::Cause;
 use crate::limit::clock;
 use crate::metrics::Outcome;
-use crate::RequestId;
+use crate::reject::Cause;
+use crate::request_id::RequestId;
 
 /// One line of the access log.
 pub(super) struct Exchange {

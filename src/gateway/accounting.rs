@@ -5,9 +5,9 @@
 
 use smallvec::SmallVec;
 
-use super::reject::Reports;
 use crate::limit::{BucketRequest, Decision};
-use crate::respond::LimitReport;
+use crate::reject::LimitReport;
+use crate::reject::Reports;
 
 /// A decision, accounted for (each bucket's share went to the caller, what the client is told
 /// into the request's reports).

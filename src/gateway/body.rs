@@ -7,7 +7,8 @@ use http::HeaderMap;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
-use super::{Reject, RequestBody};
+use super::RequestBody;
+use crate::reject::Reject;
 use crate::runtime::ServedRoute;
 use crate::upstream::OutgoingBody;
 

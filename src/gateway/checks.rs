@@ -4,7 +4,7 @@
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
 
-use super::reject::Reject;
+use crate::reject::Reject;
 use crate::upstream::X_FORWARDED_FOR;
 
 /// What one pass over a request's fields finds: their size, and which of the fields the
@@ -200,7 +200,7 @@ pub(super) fn host_without_port(host: &HeaderValue) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::X_REQUEST_ID;
+    use crate::request_id::X_REQUEST_ID;
     use proptest::prelude::*;
 
     /// The check `is_valid_host` replaced: http's authority parser, at the cost of a copy.

@@ -6,12 +6,13 @@ use smallvec::SmallVec;
 
 use super::access_log::{self, Exchange};
 use super::accounting::{self, BucketAccount};
-use super::reject::{Reject, Reports};
 use super::{slots, Gateway};
 use crate::config::StoreFailurePolicy;
 use crate::limit::concurrency::{Leased, Leasing, SlotRequest};
-use crate::limit::{clock, BucketRequest, Decision, Store, StoreError};
+use crate::limit::redis::PendingSlotLeases;
+use crate::limit::{clock, BucketRequest, Decision, Held, Store, StoreError};
 use crate::metrics::Outcome;
+use crate::reject::{Reject, Reports};
 use crate::runtime::ServedRoute;
 
 /// A request its limits let through, and on what grounds.
@@ -23,7 +24,7 @@ pub(super) struct Admission {
     pub(super) delay: f64,
     pub(super) charged: SmallVec<[usize; 4]>,
     /// The slots of its concurrency limits, held until its response ends.
-    pub(super) slots: Option<slots::Held>,
+    pub(super) slots: Option<Held>,
 }
 
 /// Which store took a request's decision (and so receives its response hooks).
@@ -58,13 +59,12 @@ impl Gateway {
         // On Redis, slots are leases the decision's call takes; otherwise this process's,
         // taken first (a request refused by one is charged no token, and one refused by a
         // bucket gives its slots back, dropped with `slots`).
-        let leases =
-            match &self.shared.store {
-                Store::Redis(redis) if !slot_requests.is_empty() => Some(
-                    slots::PendingLeases::new(&self.shared, redis, slot_requests),
-                ),
-                _ => None,
-            };
+        let leases = match &self.shared.store {
+            Store::Redis(redis) if !slot_requests.is_empty() => {
+                Some(PendingSlotLeases::new(redis, slot_requests))
+            }
+            _ => None,
+        };
         let mut held = match leases {
             Some(_) => None,
             None => slots::take_local(&self.shared, route, slot_requests, reports)
@@ -84,13 +84,13 @@ impl Gateway {
         let (decision, decider) = match self.store_decision(buckets, leasing.as_ref()).await {
             Ok((decision, leased)) => {
                 if let Some(leases) = leases {
-                    held = leases.settle(leased, route, slot_requests, reports);
+                    held = slots::settle_leases(leases, leased, route, slot_requests, reports);
                 }
                 (decision, Decider::Store)
             }
             Err(error) => {
                 if let (Some(leases), StoreError::Unavailable) = (leases, &error) {
-                    leases.not_sent();
+                    leases.none_taken();
                 }
                 route.metrics.degraded.inc();
                 match route.route.on_store_failure {

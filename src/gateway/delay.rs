@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limit::{BucketRequest, MemoryStore, OutcomeRequest, Refund, Store};
+use crate::limit::{BucketRequest, MemoryStore, OutcomeRequest, RedisStore, Refund, Store};
 use crate::shared::Shared;
 
 /// Tokens a held request was charged, given back unless it goes on.
@@ -17,7 +17,7 @@ enum Pending<'a> {
     /// Charged in process memory (the memory store, or the local fallback): given back at once.
     Local(&'a MemoryStore, Vec<OutcomeRequest<'a>>),
     /// Charged in Redis: given back by a call in the background, as a drop cannot wait.
-    Redis(Arc<Shared>, Refund),
+    Redis(Arc<RedisStore>, Refund),
 }
 
 impl Drop for Booked<'_> {
@@ -26,14 +26,12 @@ impl Drop for Booked<'_> {
             Some(Pending::Local(store, refund)) => {
                 store.record_outcomes(&refund);
             }
-            Some(Pending::Redis(shared, refund)) => {
+            Some(Pending::Redis(redis, refund)) => {
                 // Without a runtime (the process is ending) the tokens refill on their own.
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(async move {
-                        if let Store::Redis(redis) = &shared.store {
-                            if let Err(error) = redis.give_back(refund).await {
-                                tracing::debug!(%error, "giving a held request's tokens back failed");
-                            }
+                        if let Err(error) = redis.give_back(refund).await {
+                            tracing::debug!(%error, "giving a held request's tokens back failed");
                         }
                     });
                 }
@@ -57,7 +55,7 @@ pub(super) async fn hold(
         .iter()
         .filter(|bucket| charged.contains(&bucket.route_limit));
     let pending = match &shared.store {
-        Store::Redis(redis) if !local => Pending::Redis(shared.clone(), redis.refund_of(charged)),
+        Store::Redis(redis) if !local => Pending::Redis(redis.clone(), redis.refund_of(charged)),
         Store::Memory(memory) if !local => Pending::Local(memory, refunds(charged)),
         _ => Pending::Local(&shared.local, refunds(charged)),
     };

@@ -5,13 +5,14 @@ use http::{Response, StatusCode};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
-use super::reject::{Reject, Reports};
-use super::{slots, Forwarded, Gateway};
+use super::{Forwarded, Gateway};
+use crate::body::Body;
 use crate::config::HeaderMode;
 use crate::in_flight::RequestInFlight;
+use crate::limit::Held;
+use crate::reject::{Reject, Reports};
 use crate::respond::{self, SetFields};
 use crate::wire::message;
-use crate::Body;
 
 impl Gateway {
     /// Completes an upgrade the upstream accepted, strips the response's hop-by-hop fields
@@ -59,7 +60,7 @@ impl Gateway {
         &self,
         client: OnUpgrade,
         server: OnUpgrade,
-        in_flight: (RequestInFlight, Option<slots::Held>),
+        in_flight: (RequestInFlight, Option<Held>),
     ) {
         self.shared.tasks.spawn(async move {
             let _in_flight = in_flight;

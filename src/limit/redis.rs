@@ -43,6 +43,7 @@ pub use keys::slot;
 use keys::{group_by_slot, StoreKeys};
 pub use refund::Refund;
 use server_clock::{LateCalls, ServerClock};
+pub use slots::{PendingSlotLeases, SlotLeases};
 
 use super::breaker::{Breaker, CircuitState};
 use super::clock::{self, Clock};

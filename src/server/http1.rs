@@ -17,11 +17,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::{ConnectionGuards, Watchdog};
+use crate::body::Body;
 use crate::gateway::{Connection, Gateway, RequestBody};
 use crate::limit::clock;
 use crate::respond::SetFields;
 use crate::wire::header_names::KnownNames;
-use crate::Body;
 
 mod request;
 mod response;

@@ -24,8 +24,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::http1::{self, IdleConnections, Stream};
+use crate::body::Body;
 use crate::wire::message::MAX_RESPONSE_HEAD_BYTES;
-use crate::Body;
 
 /// Idle connections kept per upstream address.
 const MAX_IDLE: usize = 256;

@@ -24,10 +24,10 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::client::TlsStream;
 
 use super::Forwarding;
+use crate::body::Body;
 use crate::wire::header_names::KnownNames;
 use crate::wire::message::MAX_RESPONSE_HEAD_BYTES;
 use crate::wire::write_header_field;
-use crate::Body;
 
 mod body;
 mod head;
@@ -392,7 +392,7 @@ mod tests {
             header::TRANSFER_ENCODING,
             HeaderValue::from_static("chunked"),
         );
-        let request_id = crate::RequestId::Client(HeaderValue::from_static("r-1"));
+        let request_id = crate::request_id::RequestId::Client(HeaderValue::from_static("r-1"));
         let peer = HeaderValue::from_static("10.0.0.1");
         let forwarding = Forwarding::new(std::iter::empty(), &request_id, &peer, "http", None);
         let out = encoded(
@@ -419,7 +419,7 @@ mod tests {
         headers.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         headers.insert("x-kept", HeaderValue::from_static("yes"));
         let host = HeaderValue::from_static("shop.example");
-        let request_id = crate::RequestId::Client(HeaderValue::from_static("r-1"));
+        let request_id = crate::request_id::RequestId::Client(HeaderValue::from_static("r-1"));
         let peer = HeaderValue::from_static("10.0.0.1");
         let forwarding = Forwarding::new(
             headers.get_all("x-forwarded-for").iter(),

@@ -15,10 +15,6 @@ use crate::config::raw::{self, RawKey};
 use crate::config::{Adaptive, ClientIpSettings, KeySource, Limit, Overload, Rate};
 use crate::limit::AdaptiveParams;
 
-/// The longest an empty bucket may take to fill (so that every announced wait is a number a
-/// client can use): 10 years.
-pub(super) const MAX_REFILL_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
-
 pub(super) fn compile_limit(
     name: String,
     raw: Spanned<raw::RawLimit>,

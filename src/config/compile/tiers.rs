@@ -6,10 +6,10 @@ use std::ops::Range;
 
 use toml::Spanned;
 
-use super::limits::MAX_REFILL_SECONDS;
 use super::Errors;
 use crate::config::raw;
 use crate::config::units::MAX_EXACT_TOKENS;
+use crate::config::units::MAX_REFILL_SECONDS;
 use crate::config::{Rate, Tier, TierSource};
 use crate::limit::calendar::{Calendar, Period};
 

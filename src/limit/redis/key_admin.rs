@@ -124,29 +124,25 @@ impl RedisStore {
 
     /// Listens for resets published by any replica and forgets their keys in the deny cache,
     /// until the store is dropped. Reconnects (to each node in turn) when the connection ends.
-    pub(crate) async fn follow_resets(store: std::sync::Weak<crate::shared::Shared>) {
+    pub(crate) async fn follow_resets(store: std::sync::Weak<RedisStore>) {
         let mut attempt = 0usize;
         loop {
-            let Some(client) = store.upgrade().and_then(|shared| match &shared.store {
-                crate::limit::Store::Redis(redis) => redis
+            let Some((client, prefix)) = store.upgrade().and_then(|redis| {
+                redis
                     .node_client(attempt)
-                    .map(|client| (client, redis.prefix.clone())),
-                crate::limit::Store::Memory(_) => None,
+                    .map(|client| (client, redis.prefix.clone()))
             }) else {
                 return;
             };
-            let (client, prefix) = client;
             attempt += 1;
             if let Ok(mut pubsub) = client.get_async_pubsub().await {
                 if pubsub.subscribe(reset_channel(&prefix)).await.is_ok() {
                     let mut messages = pubsub.into_on_message();
                     while let Some(message) = messages.next().await {
-                        let Some(shared) = store.upgrade() else {
+                        let Some(redis) = store.upgrade() else {
                             return;
                         };
-                        if let (crate::limit::Store::Redis(redis), Ok(key)) =
-                            (&shared.store, message.get_payload::<String>())
-                        {
+                        if let Ok(key) = message.get_payload::<String>() {
                             redis.deny_cache.forget(&key);
                             redis.leases.forget(&key);
                         }

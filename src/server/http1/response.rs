@@ -10,11 +10,11 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::body::Body;
 use crate::respond::SetFields;
 use crate::wire::date::with_date;
 use crate::wire::message::{header_tokens, is_bodyless};
 use crate::wire::write_header_field;
-use crate::Body;
 
 /// Body chunks up to this size are copied behind the response head and go out in one write;
 /// larger ones are written from where they are.
@@ -176,7 +176,7 @@ async fn next_frame<S: AsyncRead + Unpin>(
     body: &mut Body,
     inbound: &mut BytesMut,
     max_inbound: usize,
-) -> io::Result<Option<Result<http_body::Frame<bytes::Bytes>, crate::BoxError>>> {
+) -> io::Result<Option<Result<http_body::Frame<bytes::Bytes>, crate::body::BoxError>>> {
     loop {
         tokio::select! {
             biased;
@@ -218,8 +218,8 @@ mod tests {
     use http::{HeaderValue, Response};
     use http_body::Body as _;
 
+    use crate::request_id::RequestId;
     use crate::respond::FieldValue;
-    use crate::RequestId;
 
     /// A response whose body is all in memory.
     fn full(bytes: &'static [u8]) -> Response<Body> {
@@ -284,7 +284,7 @@ mod tests {
         let mut fields = SetFields::default();
         fields.set(&LIMIT, FieldValue::Number(120));
         fields.set(
-            &crate::gateway::REQUEST_ID_NAME,
+            &crate::request_id::REQUEST_ID_NAME,
             FieldValue::RequestId(RequestId::Made([b'a'; 32])),
         );
         let (text, _) = head_with(&response, &fields, false, false);
@@ -305,7 +305,7 @@ mod tests {
     #[test]
     fn a_body_of_unknown_length_is_chunked_and_headers_of_the_upstream_are_kept() {
         let mut response = Response::new(Body::boxed(http_body_util::StreamBody::new(
-            futures_util::stream::empty::<Result<http_body::Frame<Bytes>, crate::BoxError>>(),
+            futures_util::stream::empty::<Result<http_body::Frame<Bytes>, crate::body::BoxError>>(),
         )));
         *response.status_mut() = StatusCode::from_u16(599).unwrap();
         let headers = response.headers_mut();

@@ -9,7 +9,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
 
 use super::{Connection, IdleConnections, COPY_AT_MOST, MAX_LINE_BYTES};
-use crate::BoxError;
+use crate::body::BoxError;
 
 /// How a response body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,11 +1,28 @@
 //! Why a request ends before, or instead of, an upstream response. Each phase of the request
-//! path returns one of these; `respond::rejection` renders them all.
+//! path returns one of these, with the reports of the limits that decided; `respond::rejection`
+//! renders them all.
 
 use smallvec::SmallVec;
 
 use crate::metrics::Outcome;
-use crate::respond::LimitReport;
 use crate::upstream::ForwardError;
+
+/// What a client is told about one applicable, enforcing limit after a decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitReport<'a> {
+    pub name: &'a str,
+    pub capacity: f64,
+    /// Tokens per second.
+    pub rate: f64,
+    pub cost: f64,
+    /// Tokens left after this decision.
+    pub tokens: f64,
+    /// Seconds until the bucket is full.
+    pub full_in: f64,
+    /// Seconds until this request's cost would be available; 0 when it was.
+    pub wait: f64,
+    pub refused: bool,
+}
 
 /// The reports of a request's enforcing limits, inline for the usual handful.
 pub type Reports<'a> = SmallVec<[LimitReport<'a>; 4]>;

@@ -6,20 +6,21 @@
 //!           400/405/431/404    400         413/400       400/401       429/503            502/504                502
 //! ```
 //!
-//! Every request leaves one access-log line and its counters. Beside this file: the phases of
-//! their own, `decide.rs` (with `slots.rs`, the concurrency slots it takes), `delay.rs`,
-//! `outcomes.rs` (after_response) and `finish.rs`; and the pure parts, `checks.rs` (the
-//! request head), `accounting.rs` (what a decision means), `reject.rs` (why a request ends
-//! early), `access_log.rs` (the log line).
+//! Every request leaves one access-log line and its counters. Beside this file, each phase of
+//! its own named for it: `read_body.rs`, `decide.rs` (with `slots.rs`, the concurrency slots it
+//! takes), `delay.rs`, `forward.rs`, `after_response.rs`, `finish.rs`; and the pure parts,
+//! `checks.rs` (the request head), `accounting.rs` (what a decision means), `access_log.rs` (the
+//! log line). Why a request ends early is `crate::reject`.
 
 mod access_log;
 pub mod accounting;
-mod body;
+mod after_response;
 mod checks;
 mod decide;
 mod delay;
 mod finish;
-mod outcomes;
+mod forward;
+mod read_body;
 pub(crate) mod slots;
 
 use std::net::IpAddr;
@@ -34,9 +35,9 @@ use hyper::upgrade::OnUpgrade;
 use smallvec::SmallVec;
 
 use self::access_log::Exchange;
-use self::body::read_body;
 use self::checks::FieldScan;
 use self::decide::Decider;
+use self::read_body::read_body;
 use self::slots::SlotRequests;
 use crate::body::Body;
 use crate::in_flight::RequestInFlight;
@@ -44,15 +45,14 @@ use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
 use crate::limit::concurrency::{SlotKey, SlotRequest};
 use crate::limit::{clock, BucketKey, BucketRequest};
-use crate::metrics::StatusClass;
 use crate::reject::{Reject, Reports};
 use crate::request_id::{REQUEST_ID_NAME, X_REQUEST_ID};
 use crate::respond::{self, FieldValue, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
 use crate::shared::Shared;
-use crate::upstream::{self, ForwardError, OutgoingBody};
+use crate::upstream::{self, OutgoingBody};
 use crate::wire::header_maps;
-use crate::wire::message::{self, UpgradeExpected};
+use crate::wire::message::UpgradeExpected;
 use crate::{client_ip, path, route};
 
 /// A client request's body as the server hands it over.
@@ -384,76 +384,5 @@ impl Gateway {
                 Err(Reject::InvalidToken)
             }
         }
-    }
-
-    /// Sends the admitted request upstream and waits for the response head.
-    async fn forward(
-        &self,
-        routed: &Routed<'_>,
-        mut parts: Parts,
-        body: OutgoingBody,
-        exchange: &mut Exchange,
-    ) -> Result<Forwarded, Reject> {
-        let (scan, connection) = (&routed.scan, routed.connection);
-        let upgrade = scan.upgrade && message::is_upgrade(&parts.headers);
-        let client_upgrade = if upgrade {
-            let expected = UpgradeExpected::of(&parts.headers);
-            parts
-                .extensions
-                .remove::<OnUpgrade>()
-                .map(|client| (client, expected))
-        } else {
-            None
-        };
-        message::remove_hop_by_hop(&mut parts.headers, upgrade);
-        let forwarding = upstream::Forwarding::new(
-            scan.forwarded_for(&parts.headers),
-            &exchange.request_id,
-            &connection.peer_header,
-            connection.proto,
-            routed.host.as_ref(),
-        );
-        let route = routed.route;
-        let sent = clock::instant();
-        let watching_load = routed.runtime.policy.overload.is_some();
-        let in_flight = watching_load.then(|| self.shared.load.start_request());
-        // `OPTIONS *` goes on in asterisk-form (routed as `/*`, it asks about the server).
-        let path = if parts.uri.path() == upstream::ASTERISK {
-            upstream::ASTERISK
-        } else {
-            exchange.path.as_str()
-        };
-        let result = route
-            .upstream
-            .send(parts, forwarding, path, body, sent)
-            .await;
-        let elapsed = clock::elapsed(sent);
-        exchange.upstream = Some(elapsed);
-        let mut response = result.map_err(|error| {
-            if matches!(error, ForwardError::ClientBody) {
-                tracing::debug!(route = %route.route.name, %error, "client body failed");
-            } else {
-                route.metrics.upstream_status(StatusClass::Error).inc();
-                tracing::warn!(route = %route.route.name, upstream = %route.upstream.settings.name, %error, "upstream failed");
-            }
-            Reject::Upstream(error)
-        })?;
-        route
-            .metrics
-            .upstream_duration
-            .observe(elapsed.as_secs_f64());
-        route
-            .metrics
-            .upstream_status(StatusClass::of(response.status()))
-            .inc();
-        if watching_load {
-            self.shared.load.observe(elapsed);
-        }
-        // The upstream counts as loaded until its response body ends.
-        response.body_mut().in_flight().upstream = in_flight;
-        Ok(Forwarded {
-            response,
-            client_upgrade,
-        })
     }
 }

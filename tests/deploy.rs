@@ -179,6 +179,8 @@ async fn metric_names_in_rules_and_dashboard_exist_in_a_live_scrape() {
         "README.md",
         "deploy/README.md",
         "docs/architecture.md",
+        "docs/configuration.md",
+        "docs/metrics.md",
         "docs/performance.md",
         "docs/redis-store.md",
         "docs/worked-example.md",

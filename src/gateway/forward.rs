@@ -1,0 +1,86 @@
+//! The forward phase: the admitted request goes upstream with its forwarding fields, and the
+//! response head comes back (or a 502/504), timed and counted.
+
+use http::request::Parts;
+use hyper::upgrade::OnUpgrade;
+
+use super::access_log::Exchange;
+use super::{Forwarded, Gateway, Routed};
+use crate::limit::clock;
+use crate::metrics::StatusClass;
+use crate::reject::Reject;
+use crate::upstream::{self, ForwardError, OutgoingBody};
+use crate::wire::message::{self, UpgradeExpected};
+
+impl Gateway {
+    /// Sends the admitted request upstream and waits for the response head.
+    pub(super) async fn forward(
+        &self,
+        routed: &Routed<'_>,
+        mut parts: Parts,
+        body: OutgoingBody,
+        exchange: &mut Exchange,
+    ) -> Result<Forwarded, Reject> {
+        let (scan, connection) = (&routed.scan, routed.connection);
+        let upgrade = scan.upgrade && message::is_upgrade(&parts.headers);
+        let client_upgrade = if upgrade {
+            let expected = UpgradeExpected::of(&parts.headers);
+            parts
+                .extensions
+                .remove::<OnUpgrade>()
+                .map(|client| (client, expected))
+        } else {
+            None
+        };
+        message::remove_hop_by_hop(&mut parts.headers, upgrade);
+        let forwarding = upstream::Forwarding::new(
+            scan.forwarded_for(&parts.headers),
+            &exchange.request_id,
+            &connection.peer_header,
+            connection.proto,
+            routed.host.as_ref(),
+        );
+        let route = routed.route;
+        let sent = clock::instant();
+        let watching_load = routed.runtime.policy.overload.is_some();
+        let in_flight = watching_load.then(|| self.shared.load.start_request());
+        // `OPTIONS *` goes on in asterisk-form (routed as `/*`, it asks about the server).
+        let path = if parts.uri.path() == upstream::ASTERISK {
+            upstream::ASTERISK
+        } else {
+            exchange.path.as_str()
+        };
+        let result = route
+            .upstream
+            .send(parts, forwarding, path, body, sent)
+            .await;
+        let elapsed = clock::elapsed(sent);
+        exchange.upstream = Some(elapsed);
+        let mut response = result.map_err(|error| {
+            if matches!(error, ForwardError::ClientBody) {
+                tracing::debug!(route = %route.route.name, %error, "client body failed");
+            } else {
+                route.metrics.upstream_status(StatusClass::Error).inc();
+                tracing::warn!(route = %route.route.name, upstream = %route.upstream.settings.name, %error, "upstream failed");
+            }
+            Reject::Upstream(error)
+        })?;
+        route
+            .metrics
+            .upstream_duration
+            .observe(elapsed.as_secs_f64());
+        route
+            .metrics
+            .upstream_status(StatusClass::of(response.status()))
+            .inc();
+        if watching_load {
+            self.shared.load.observe(elapsed);
+        }
+        // The upstream counts as loaded until its response body ends.
+        response.body_mut().in_flight().upstream = in_flight;
+        Ok(Forwarded {
+            response,
+            client_upgrade,
+        })
+    }
+}

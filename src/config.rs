@@ -57,6 +57,9 @@ pub struct ServerSettings {
     pub ratelimit_headers: HeaderMode,
     pub http1: Http1Path,
     pub path_matching: PathMatching,
+    /// Keep request fields whose names have underscores (`x_user_id`); by default they are
+    /// dropped, as nginx does, since CGI-style servers read `x_user_id` and `X-User-Id` alike.
+    pub underscores_in_headers: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]

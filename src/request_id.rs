@@ -1,7 +1,11 @@
-//! `X-Request-Id`: the client's when it is reasonable, else one made here from a random
-//! per-process prefix and a counter.
+//! `X-Request-Id`: the client's when it is reasonable, else a UUIDv7 made here (RFC 9562):
+//! the time in milliseconds, then random bits, so ids sort by time and say nothing of how many
+//! requests came between two of them.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::UNIX_EPOCH;
 
 use http::HeaderValue;
 
@@ -17,8 +21,8 @@ pub(crate) static REQUEST_ID_NAME: http::HeaderName = X_REQUEST_ID;
 pub enum RequestId {
     /// Visible ASCII, at most 128 bytes.
     Client(HeaderValue),
-    /// 32 lower-case hexadecimal digits.
-    Made([u8; 32]),
+    /// A UUIDv7 in its 36-character form, lower case.
+    Made([u8; 36]),
 }
 
 impl RequestId {
@@ -43,22 +47,19 @@ impl RequestId {
     }
 }
 
-/// Makes request ids: the first 16 of their 32 hex digits are random per process, the rest
-/// count.
+/// Makes request ids. The random bits come from a keyed hash (SipHash, keyed at random per
+/// process) of a counter: unpredictable without the key, unique within the process, and
+/// cheaper than asking the operating system for randomness per request.
 #[derive(Debug)]
 pub(crate) struct RequestIds {
-    prefix: [u8; 16],
+    key: RandomState,
     counter: AtomicU64,
 }
 
 impl RequestIds {
     pub(crate) fn new() -> RequestIds {
-        let mut random = [0u8; 8];
-        let _ = getrandom::getrandom(&mut random);
-        let mut prefix = [0u8; 16];
-        write_hex(&random, &mut prefix);
         RequestIds {
-            prefix,
+            key: RandomState::new(),
             counter: AtomicU64::new(0),
         }
     }
@@ -70,12 +71,36 @@ impl RequestIds {
                 return RequestId::Client(id.clone());
             }
         }
+        let millis = crate::limit::clock::system_time()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as u64);
         let sequence = self.counter.fetch_add(1, Ordering::Relaxed);
-        let mut hex = [0u8; 32];
-        hex[..16].copy_from_slice(&self.prefix);
-        write_hex(&sequence.to_be_bytes(), &mut hex[16..]);
-        RequestId::Made(hex)
+        let random = (u128::from(self.key.hash_one(sequence)) << 64)
+            | u128::from(self.key.hash_one(!sequence));
+        RequestId::Made(uuid_v7(millis, random))
     }
+}
+
+/// A UUIDv7: 48 bits of Unix milliseconds, the version, 12 random bits, the variant, 62 random
+/// bits, written `xxxxxxxx-xxxx-7xxx-yxxx-xxxxxxxxxxxx`.
+fn uuid_v7(millis: u64, random: u128) -> [u8; 36] {
+    let time = u128::from(millis & 0xffff_ffff_ffff) << 80;
+    let version = 0x7u128 << 76;
+    let rand_a = ((random >> 64) & 0xfff) << 64;
+    let variant = 0b10u128 << 62;
+    let rand_b = random & 0x3fff_ffff_ffff_ffff;
+    let bytes = (time | version | rand_a | variant | rand_b).to_be_bytes();
+    let mut text = [b'-'; 36];
+    for (from, to) in [
+        (0..4, 0..8),
+        (4..6, 9..13),
+        (6..8, 14..18),
+        (8..10, 19..23),
+        (10..16, 24..36),
+    ] {
+        write_hex(&bytes[from], &mut text[to]);
+    }
+    text
 }
 
 #[cfg(test)]
@@ -83,16 +108,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn made_ids_are_the_prefix_then_the_sequence_in_hexadecimal() {
+    fn made_ids_are_uuid_v7_with_the_time_first_and_random_bits_after() {
         let ids = RequestIds::new();
-        let first = ids.for_request(None);
-        let second = ids.for_request(None);
-        let (first, second) = (first.as_str(), second.as_str());
-        assert_eq!(first.len(), 32);
-        assert_eq!(first[..16], second[..16], "one prefix per process");
-        assert_eq!(&first[16..], "0000000000000000");
-        assert_eq!(&second[16..], "0000000000000001");
-        assert!(first.bytes().all(|byte| byte.is_ascii_hexdigit()));
+        let made: Vec<String> = (0..1000)
+            .map(|_| ids.for_request(None).as_str().to_owned())
+            .collect();
+        for id in &made {
+            assert_eq!(id.len(), 36);
+            let groups: Vec<&str> = id.split('-').collect();
+            let lengths: Vec<usize> = groups.iter().map(|group| group.len()).collect();
+            assert_eq!(lengths, [8, 4, 4, 4, 12], "{id}");
+            assert!(groups
+                .concat()
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+            assert!(groups[2].starts_with('7'), "version 7: {id}");
+            assert!("89ab".contains(&groups[3][..1]), "RFC 9562 variant: {id}");
+        }
+        let unique: std::collections::HashSet<&String> = made.iter().collect();
+        assert_eq!(unique.len(), made.len());
+        // Consecutive ids share no run of zeros that would show a counter.
+        assert!(made.iter().all(|id| !id[19..].contains("00000000")));
+    }
+
+    #[test]
+    fn the_time_and_the_random_bits_land_where_rfc_9562_puts_them() {
+        // RFC 9562 appendix A.6's example: 2022-02-22 19:22:22 UTC, 0x017F22E279B0 ms.
+        let id = uuid_v7(0x017F_22E2_79B0, (0x0CC3u128 << 64) | 0x18C4_DC0C_0C07_398F);
+        assert_eq!(
+            std::str::from_utf8(&id).unwrap(),
+            "017f22e2-79b0-7cc3-98c4-dc0c0c07398f"
+        );
     }
 
     #[test]

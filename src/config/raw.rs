@@ -75,6 +75,7 @@ pub struct RawServer {
     pub ratelimit_headers: Option<HeaderMode>,
     pub http1: Option<Http1Path>,
     pub path_matching: Option<crate::path::PathMatching>,
+    pub underscores_in_headers: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -114,11 +114,19 @@ fn rate_period(text: &str) -> Option<Duration> {
     Some(Duration::from_millis(count.checked_mul(millis)?))
 }
 
-/// Parses `"50ms"`, `"30s"`, `"2m"`, `"1h"` (and combinations such as `"1m 30s"`).
+/// Parses `"50ms"`, `"30s"`, `"2m"`, `"1h"` (and combinations such as `"1m 30s"`), at most
+/// [`MAX_REFILL_SECONDS`]: a duration can end up in a `Retry-After`, which must stay a number a
+/// client can use.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim()).map_err(|error| {
+    let duration = humantime::parse_duration(text.trim()).map_err(|error| {
         format!("invalid duration {text:?} ({error}): expected a duration such as \"50ms\", \"30s\", \"2m\" or \"1h\"")
-    })
+    })?;
+    if duration.as_secs_f64() > MAX_REFILL_SECONDS {
+        return Err(format!(
+            "duration {text:?} is longer than the longest allowed, 10 years"
+        ));
+    }
+    Ok(duration)
 }
 
 /// Parses a byte size such as `"64KiB"`, `"1MiB"`, `"512KB"` or `"4096"`.
@@ -213,6 +221,13 @@ mod tests {
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("10").is_err());
+        // Every duration can end up in a Retry-After: bounded, as rates are.
+        assert_eq!(
+            parse_duration("3650d"),
+            Ok(Duration::from_secs(3650 * 86_400))
+        );
+        assert!(parse_duration("3651d").is_err());
+        assert!(parse_duration("5000000000y").is_err());
     }
 
     #[test]

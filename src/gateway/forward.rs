@@ -33,6 +33,9 @@ impl Gateway {
             None
         };
         message::remove_hop_by_hop(&mut parts.headers, upgrade);
+        if !routed.runtime.policy.server.underscores_in_headers {
+            message::remove_underscored(&mut parts.headers);
+        }
         let forwarding = upstream::Forwarding::new(
             scan.forwarded_for(&parts.headers),
             &exchange.request_id,

@@ -175,6 +175,24 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// Drops request fields whose names have an underscore (nginx's `underscores_in_headers off`):
+/// CGI and WSGI servers read `X_User_Id` as `X-User-Id`, so a client could pass a field that
+/// the gateway never saw as the one it checked. Framing fields in disguise are dropped by
+/// [`remove_hop_by_hop`] whatever this says.
+pub(crate) fn remove_underscored(headers: &mut HeaderMap) {
+    if !headers.keys().any(|name| name.as_str().contains('_')) {
+        return;
+    }
+    let underscored: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().contains('_'))
+        .cloned()
+        .collect();
+    for name in underscored {
+        headers.remove(name);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +272,14 @@ mod tests {
         remove_hop_by_hop(&mut headers, false);
         let names: Vec<&str> = headers.keys().map(|name| name.as_str()).collect();
         assert_eq!(names, ["x_user_id"]);
+    }
+
+    #[test]
+    fn every_field_with_an_underscore_goes_when_asked() {
+        let mut headers = fields(&[("x_user_id", "1"), ("x-user-id", "2"), ("a_b", "3")]);
+        remove_underscored(&mut headers);
+        let names: Vec<&str> = headers.keys().map(|name| name.as_str()).collect();
+        assert_eq!(names, ["x-user-id"]);
     }
 
     #[test]

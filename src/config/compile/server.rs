@@ -106,6 +106,7 @@ pub(super) fn compile_server(
         ratelimit_headers: raw.ratelimit_headers.unwrap_or_default(),
         http1: raw.http1.unwrap_or_default(),
         path_matching: raw.path_matching.unwrap_or_default(),
+        underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
     }
 }
 

@@ -285,7 +285,7 @@ mod tests {
         fields.set(&LIMIT, FieldValue::Number(120));
         fields.set(
             &crate::request_id::REQUEST_ID_NAME,
-            FieldValue::RequestId(RequestId::Made([b'a'; 32])),
+            FieldValue::RequestId(RequestId::Made([b'a'; 36])),
         );
         let (text, _) = head_with(&response, &fields, false, false);
         let fields_written = format!(

@@ -17,6 +17,21 @@ pub enum Trust {
     Proxies(Vec<IpNet>),
 }
 
+impl Trust {
+    /// Whether the TCP peer is a proxy of the operator's, whose forwarding fields (`Forwarded`,
+    /// `X-Real-IP`) may be passed on: with `trusted_hops` > 0 every peer is taken for one,
+    /// with `trusted_proxies` a peer inside them.
+    pub fn trusts_peer(&self, peer: IpAddr) -> bool {
+        match self {
+            Trust::Hops(hops) => *hops > 0,
+            Trust::Proxies(networks) => {
+                let peer = peer.to_canonical();
+                networks.iter().any(|network| network.contains(&peer))
+            }
+        }
+    }
+}
+
 /// The resolved client, and anything about the request that suggests misconfiguration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resolved {
@@ -180,6 +195,17 @@ pub fn parse_entry(entry: &str) -> Result<IpAddr, UnparseableEntry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_is_trusted_only_as_a_proxy_the_policy_names() {
+        let peer: IpAddr = "10.1.2.3".parse().unwrap();
+        assert!(!Trust::Hops(0).trusts_peer(peer));
+        assert!(Trust::Hops(2).trusts_peer(peer));
+        let networks = Trust::Proxies(vec!["10.0.0.0/8".parse().unwrap()]);
+        assert!(networks.trusts_peer(peer));
+        assert!(networks.trusts_peer("::ffff:10.1.2.3".parse().unwrap()));
+        assert!(!networks.trusts_peer("192.0.2.1".parse().unwrap()));
+    }
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()

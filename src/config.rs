@@ -114,6 +114,8 @@ pub struct ClientIpSettings {
     pub trust: Trust,
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
+    /// Write `X-Real-IP` with the resolved client on forwarded requests (`x_real_ip`).
+    pub x_real_ip: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]

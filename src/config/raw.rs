@@ -125,6 +125,7 @@ pub struct RawClientIp {
     pub trusted_proxies: Option<Spanned<Vec<String>>>,
     pub ipv4_prefix: Option<Spanned<i64>>,
     pub ipv6_prefix: Option<Spanned<i64>>,
+    pub x_real_ip: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

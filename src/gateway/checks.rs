@@ -15,6 +15,8 @@ pub(super) struct FieldScan {
     /// Names and values, with 4 bytes per field for `: ` and the line end.
     bytes: usize,
     forwarded_for: bool,
+    /// `Forwarded` or `X-Real-IP`: what a client may send to pose as another address.
+    pub(super) other_forwarding: bool,
     pub(super) request_id: bool,
     pub(super) transfer_encoding: bool,
     content_length: bool,
@@ -32,6 +34,7 @@ impl FieldScan {
             // Names are lower case; their lengths tell these apart from most others cheaply.
             match name.len() {
                 7 => scan.upgrade |= name == "upgrade",
+                9 => scan.other_forwarding |= name == "forwarded" || name == "x-real-ip",
                 12 => {
                     scan.request_id |= name == "x-request-id";
                     scan.grpc |= name == "content-type" && crate::grpc::is_grpc(value.as_bytes());

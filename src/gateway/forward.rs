@@ -1,6 +1,9 @@
 //! The forward phase: the admitted request goes upstream with its forwarding fields, and the
 //! response head comes back (or a 502/504), timed and counted.
 
+use std::borrow::Cow;
+
+use http::header::{HeaderName, FORWARDED};
 use http::request::Parts;
 use hyper::upgrade::OnUpgrade;
 
@@ -11,6 +14,8 @@ use crate::metrics::StatusClass;
 use crate::reject::Reject;
 use crate::upstream::{self, ForwardError, OutgoingBody};
 use crate::wire::message::{self, UpgradeExpected};
+
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 impl Gateway {
     /// Sends the admitted request upstream and waits for the response head.
@@ -33,15 +38,29 @@ impl Gateway {
             None
         };
         message::remove_hop_by_hop(&mut parts.headers, upgrade);
-        if !routed.runtime.policy.server.underscores_in_headers {
+        let policy = &routed.runtime.policy;
+        if !policy.server.underscores_in_headers {
             message::remove_underscored(&mut parts.headers);
         }
+        // X-Forwarded-* are rewritten below; these two only a trusted proxy may pass on.
+        if scan.other_forwarding && !policy.client_ip.trust.trusts_peer(connection.peer) {
+            parts.headers.remove(FORWARDED);
+            parts.headers.remove(X_REAL_IP);
+        }
+        let real_ip = match exchange.client {
+            Some(client) if policy.client_ip.x_real_ip && client != connection.peer => {
+                Some(Cow::Owned(upstream::peer_header(client)))
+            }
+            Some(_) if policy.client_ip.x_real_ip => Some(Cow::Borrowed(&connection.peer_header)),
+            _ => None,
+        };
         let forwarding = upstream::Forwarding::new(
             scan.forwarded_for(&parts.headers),
             &exchange.request_id,
             &connection.peer_header,
             connection.proto,
             routed.host.as_ref(),
+            real_ip,
         );
         let route = routed.route;
         let sent = clock::instant();

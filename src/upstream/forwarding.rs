@@ -35,6 +35,8 @@ pub struct Forwarding<'a> {
     host: Option<&'a HeaderValue>,
     forwarded_for: Option<Cow<'a, HeaderValue>>,
     proto: &'static str,
+    /// `X-Real-IP`: the resolved client (`[client_ip] x_real_ip`).
+    real_ip: Option<Cow<'a, HeaderValue>>,
 }
 
 // The names as statics, so that `Forwarding::fields` can hand out references to them.
@@ -42,6 +44,7 @@ static HOST: HeaderName = header::HOST;
 static FORWARDED_HOST: HeaderName = X_FORWARDED_HOST;
 static FORWARDED_FOR: HeaderName = X_FORWARDED_FOR;
 static FORWARDED_PROTO: HeaderName = X_FORWARDED_PROTO;
+static REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 impl<'a> Forwarding<'a> {
     /// `peer` is the TCP peer's address as a header value (rendered once per connection);
@@ -52,6 +55,7 @@ impl<'a> Forwarding<'a> {
         peer: &'a HeaderValue,
         proto: &'static str,
         host: Option<&'a HeaderValue>,
+        real_ip: Option<Cow<'a, HeaderValue>>,
     ) -> Forwarding<'a> {
         let mut chain = String::new();
         for entry in forwarded_for
@@ -73,6 +77,7 @@ impl<'a> Forwarding<'a> {
             host,
             forwarded_for,
             proto,
+            real_ip,
         }
     }
 
@@ -87,6 +92,7 @@ impl<'a> Forwarding<'a> {
             || *name == X_FORWARDED_PROTO
             || (self.forwarded_for.is_some() && *name == X_FORWARDED_FOR)
             || (self.host.is_some() && (*name == header::HOST || *name == X_FORWARDED_HOST))
+            || (self.real_ip.is_some() && *name == REAL_IP)
     }
 
     /// The fields as `(name, value)` pairs, in the order they are written.
@@ -99,7 +105,9 @@ impl<'a> Forwarding<'a> {
             .forwarded_for
             .iter()
             .map(|value| (&FORWARDED_FOR, value.as_ref()));
+        let real_ip = self.real_ip.iter().map(|value| (&REAL_IP, value.as_ref()));
         host.chain(forwarded_for)
+            .chain(real_ip)
             .map(|(name, value)| (name, value.as_bytes()))
             .chain([
                 (&FORWARDED_PROTO, self.proto.as_bytes()),
@@ -138,6 +146,7 @@ mod tests {
             &peer,
             "http",
             Some(&host),
+            None,
         );
         for name in headers.keys() {
             assert!(forwarding.replaces(name), "{name}");
@@ -169,7 +178,8 @@ mod tests {
     fn without_a_host_the_clients_host_fields_stay() {
         let request_id = RequestId::Client(HeaderValue::from_static("r-1"));
         let peer = HeaderValue::from_static("10.0.0.1");
-        let forwarding = Forwarding::new(std::iter::empty(), &request_id, &peer, "https", None);
+        let forwarding =
+            Forwarding::new(std::iter::empty(), &request_id, &peer, "https", None, None);
         assert!(!forwarding.sets_host());
         assert!(!forwarding.replaces(&header::HOST));
         assert!(!forwarding.replaces(&X_FORWARDED_HOST));

@@ -394,7 +394,8 @@ mod tests {
         );
         let request_id = crate::request_id::RequestId::Client(HeaderValue::from_static("r-1"));
         let peer = HeaderValue::from_static("10.0.0.1");
-        let forwarding = Forwarding::new(std::iter::empty(), &request_id, &peer, "http", None);
+        let forwarding =
+            Forwarding::new(std::iter::empty(), &request_id, &peer, "http", None, None);
         let out = encoded(
             &Method::POST,
             ["/base", "/login", "?", "a=1"],
@@ -427,6 +428,7 @@ mod tests {
             &peer,
             "http",
             Some(&host),
+            None,
         );
         let out = encoded(&Method::GET, ["", "/", "", ""], &headers, &forwarding, b"");
         assert_eq!(

@@ -260,6 +260,7 @@ pub(super) fn compile_client_ip(
         trust,
         ipv4_prefix,
         ipv6_prefix,
+        x_real_ip: raw.x_real_ip.unwrap_or(true),
     }
 }
 

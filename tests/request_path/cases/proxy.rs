@@ -658,6 +658,57 @@ async fn forwarded_fields_with_underscores(
     reply.json()["headers"].as_object().unwrap().clone()
 }
 
+/// The fields the upstream saw when a client at 127.0.0.1 claims other addresses in every
+/// forwarding field, through a gateway with `client_ip` settings `client_ip`.
+async fn forwarding_fields_seen(client_ip: &str) -> serde_json::Map<String, serde_json::Value> {
+    let upstream = start_upstream().await;
+    let policy = format!("{BASIC}\n[client_ip]\n{client_ip}\n");
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let reply = client
+        .get(
+            "/",
+            &[
+                ("forwarded", "for=198.51.100.9;proto=https"),
+                ("x-real-ip", "198.51.100.9"),
+                ("x-forwarded-for", "192.0.2.7"),
+            ],
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    reply.json()["headers"].as_object().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_client_cannot_pose_as_another_address_in_forwarded_or_x_real_ip() {
+    let headers = forwarding_fields_seen("trusted_hops = 0").await;
+    assert!(!headers.contains_key("forwarded"), "{headers:?}");
+    assert_eq!(headers["x-real-ip"], "127.0.0.1", "the resolved client");
+
+    let headers = forwarding_fields_seen("trusted_proxies = [\"10.0.0.0/8\"]").await;
+    assert!(!headers.contains_key("forwarded"), "{headers:?}");
+    assert_eq!(headers["x-real-ip"], "127.0.0.1");
+
+    let headers = forwarding_fields_seen("x_real_ip = false").await;
+    assert!(!headers.contains_key("forwarded"), "{headers:?}");
+    assert!(!headers.contains_key("x-real-ip"), "{headers:?}");
+}
+
+#[tokio::test]
+async fn a_trusted_proxy_passes_forwarded_on_and_x_real_ip_is_the_resolved_client() {
+    let headers = forwarding_fields_seen("trusted_hops = 1").await;
+    assert_eq!(headers["forwarded"], "for=198.51.100.9;proto=https");
+    assert_eq!(headers["x-real-ip"], "192.0.2.7");
+
+    let headers = forwarding_fields_seen("trusted_proxies = [\"127.0.0.0/8\"]").await;
+    assert_eq!(headers["forwarded"], "for=198.51.100.9;proto=https");
+    assert_eq!(headers["x-real-ip"], "192.0.2.7");
+
+    // Without X-Real-IP of its own, the trusted proxy's one goes on as it sent it.
+    let headers = forwarding_fields_seen("trusted_hops = 1\nx_real_ip = false").await;
+    assert_eq!(headers["x-real-ip"], "198.51.100.9");
+}
+
 #[tokio::test]
 async fn fields_with_underscores_never_reach_the_upstream() {
     let headers = forwarded_fields_with_underscores(BASIC).await;

@@ -38,6 +38,9 @@ impl Gateway {
             None
         };
         message::remove_hop_by_hop(&mut parts.headers, upgrade);
+        if parts.version == http::Version::HTTP_2 {
+            message::join_cookies(&mut parts.headers);
+        }
         let policy = &routed.runtime.policy;
         if !policy.server.underscores_in_headers {
             message::remove_underscored(&mut parts.headers);

@@ -193,6 +193,24 @@ pub(crate) fn remove_underscored(headers: &mut HeaderMap) {
     }
 }
 
+/// Joins the `cookie` fields of a request into one, with `; ` (RFC 9113 §8.2.3: HTTP/2 clients
+/// may split the cookie into several fields, and an HTTP/1.1 server expects one line).
+pub(crate) fn join_cookies(headers: &mut HeaderMap) {
+    let mut values = headers.get_all(header::COOKIE).iter();
+    if values.next().is_none() || values.next().is_none() {
+        return;
+    }
+    let joined: Vec<u8> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect::<Vec<_>>()
+        .join(&b"; "[..]);
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, value);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +290,17 @@ mod tests {
         remove_hop_by_hop(&mut headers, false);
         let names: Vec<&str> = headers.keys().map(|name| name.as_str()).collect();
         assert_eq!(names, ["x_user_id"]);
+    }
+
+    #[test]
+    fn cookie_fields_are_joined_into_one_line() {
+        let mut headers = fields(&[("cookie", "a=1"), ("x", "y"), ("cookie", "b=2")]);
+        join_cookies(&mut headers);
+        let cookies: Vec<&HeaderValue> = headers.get_all(header::COOKIE).iter().collect();
+        assert_eq!(cookies, ["a=1; b=2"]);
+        let mut one = fields(&[("cookie", "a=1")]);
+        join_cookies(&mut one);
+        assert_eq!(one[header::COOKIE], "a=1");
     }
 
     #[test]

@@ -59,7 +59,6 @@ fn decision(c: &mut Criterion) {
         },
         charge,
         adaptive: None,
-        route_limit: 0,
         lease: None,
     };
     let requests = [

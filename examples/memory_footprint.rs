@@ -53,7 +53,6 @@ fn main() {
                 debt: 0.0,
             },
             adaptive: None,
-            route_limit: 0,
             lease: None,
         };
         store.decide(&[request]);

@@ -15,6 +15,7 @@
 mod access_log;
 pub mod accounting;
 mod after_response;
+mod applied;
 mod checks;
 mod decide;
 mod delay;
@@ -32,9 +33,9 @@ use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
-use smallvec::SmallVec;
 
 use self::access_log::Exchange;
+use self::applied::Applied;
 use self::checks::FieldScan;
 use self::decide::Decider;
 use self::read_body::read_body;
@@ -102,7 +103,7 @@ struct Routed<'r> {
 }
 
 /// A request's buckets, one per applicable limit, inline for the usual handful.
-type Buckets<'r> = SmallVec<[BucketRequest<'r>; 4]>;
+type Buckets<'r> = Applied<'r, BucketRequest<'r>>;
 
 /// An upstream response, and the client's side of an upgrade it may complete with what its
 /// 101 must say.
@@ -236,7 +237,7 @@ impl Gateway {
             &mut slot_requests,
         )?;
         if access_log::enabled() {
-            exchange.keys = Some(access_log::keys(&buckets));
+            exchange.keys = Some(access_log::keys(buckets.requests()));
         }
         let admission = match self
             .decide(routed.route, &buckets, &slot_requests, exchange, reports)
@@ -301,7 +302,7 @@ impl Gateway {
         parts: &Parts,
         body: &OutgoingBody,
         buckets: &mut Buckets<'r>,
-        slot_requests: &mut SlotRequests,
+        slot_requests: &mut SlotRequests<'r>,
     ) -> Result<(), Reject> {
         let route = routed.route;
         let body = match body {
@@ -317,7 +318,7 @@ impl Gateway {
         let load_factor = self.shared.load.factor();
         // Read once, and only for a route with a calendar quota.
         let mut calendar_time = None;
-        for (position, applied) in route.limits.iter().enumerate() {
+        for applied in &route.limits {
             let limit = &*applied.limit;
             let Some(key_parts) =
                 key::extract(limit, &facts, &self.shared.hasher).map_err(|error| match error {
@@ -328,16 +329,18 @@ impl Gateway {
                 continue;
             };
             if let Some(concurrency) = limit.concurrency {
-                slot_requests.push(SlotRequest {
-                    key: SlotKey {
-                        limit: limit.name.clone(),
-                        fingerprint: limit.fingerprint,
-                        parts: key_parts,
+                slot_requests.push(
+                    applied,
+                    SlotRequest {
+                        key: SlotKey {
+                            limit: limit.name.clone(),
+                            fingerprint: limit.fingerprint,
+                            parts: key_parts,
+                        },
+                        slots: concurrency,
+                        in_use: applied.metrics.concurrency_in_use.clone(),
                     },
-                    slots: concurrency,
-                    in_use: applied.metrics.concurrency_in_use.clone(),
-                    route_limit: position,
-                });
+                );
                 continue;
             }
             let calendar_now =
@@ -350,17 +353,19 @@ impl Gateway {
             ) else {
                 continue;
             };
-            buckets.push(BucketRequest {
-                key: BucketKey {
-                    limit: &limit.name,
-                    fingerprint: limit.fingerprint,
-                    parts: key_parts,
+            buckets.push(
+                applied,
+                BucketRequest {
+                    key: BucketKey {
+                        limit: &limit.name,
+                        fingerprint: limit.fingerprint,
+                        parts: key_parts,
+                    },
+                    charge,
+                    adaptive: limit.adaptive.as_ref().map(|adaptive| adaptive.params),
+                    lease: limit.lease,
                 },
-                charge,
-                adaptive: limit.adaptive.as_ref().map(|adaptive| adaptive.params),
-                route_limit: position,
-                lease: limit.lease,
-            });
+            );
         }
         Ok(())
     }

@@ -130,9 +130,6 @@ pub struct BucketRequest<'a> {
     /// The configured capacity and rate (the store applies the key's adaptive penalty).
     pub charge: Charge,
     pub adaptive: Option<AdaptiveParams>,
-    /// Which of its route's limits this bucket is (the position in the route's list), where
-    /// the gateway finds its metrics and response hooks; stores ignore it.
-    pub route_limit: usize,
     /// The limit's token lease (`lease`): Redis hands this replica tokens in batches.
     pub lease: Option<std::time::Duration>,
 }
@@ -146,8 +143,6 @@ pub struct OutcomeRequest<'a> {
     pub adaptive: Option<AdaptiveParams>,
     /// The status counts as an error for the key's adaptive penalty.
     pub error: bool,
-    /// As in [`BucketRequest::route_limit`].
-    pub route_limit: usize,
 }
 
 /// One verdict per bucket of a request, inline for the usual handful.

@@ -65,7 +65,6 @@ fn bucket(
             debt: 0.0,
         },
         adaptive: None,
-        route_limit: 0,
         lease: None,
     }
 }

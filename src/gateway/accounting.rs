@@ -22,9 +22,9 @@ pub struct Accounting {
 
 /// One observed bucket's share of a decision.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BucketAccount {
-    /// The route's limit it belongs to (see [`BucketRequest::route_limit`]).
-    pub route_limit: usize,
+pub struct BucketAccount<L> {
+    /// The route limit it belongs to (the handle the caller paired the bucket with).
+    pub limit: L,
     /// Tokens left over capacity, within [0, 1].
     pub fill_ratio: f64,
     /// Tokens charged (0 unless the request was admitted and the bucket could pay, or booked
@@ -36,28 +36,31 @@ pub struct BucketAccount {
     pub delayed: bool,
 }
 
-/// Accounts for `decision` on `buckets` (the verdicts are in the buckets' order): tells
-/// `share` each observed bucket's share, and puts what the client is told of each enforcing
-/// limit into `reports`.
-pub fn account<'a>(
-    buckets: &[BucketRequest<'a>],
+/// Accounts for `decision` on `buckets`, each with its route limit's handle (the verdicts are
+/// in the buckets' order): tells `share` each observed bucket's share, and puts what the
+/// client is told of each enforcing limit into `reports`.
+pub fn account<'a, 'b, L: Copy>(
+    buckets: impl Iterator<Item = (L, &'b BucketRequest<'a>)>,
     decision: &Decision,
     reports: &mut Reports<'a>,
-    mut share: impl FnMut(BucketAccount),
-) -> Accounting {
+    mut share: impl FnMut(BucketAccount<L>),
+) -> Accounting
+where
+    'a: 'b,
+{
     let admitted = decision.is_admitted();
     let mut accounting = Accounting {
         admitted,
         shadow_refused: false,
         delay: 0.0,
     };
-    for (bucket, verdict) in buckets.iter().zip(decision.verdicts()) {
+    for ((limit, bucket), verdict) in buckets.zip(decision.verdicts()) {
         if !verdict.observed {
             continue;
         }
         let enforce = bucket.charge.enforce;
         share(BucketAccount {
-            route_limit: bucket.route_limit,
+            limit,
             fill_ratio: (verdict.tokens / verdict.capacity).clamp(0.0, 1.0),
             charged: if admitted && (verdict.sufficient || verdict.booked) {
                 bucket.charge.cost
@@ -103,12 +106,14 @@ mod tests {
     use crate::limit::{BucketKey, Charge, KeyParts, Verdict, Verdicts};
 
     /// The accounting, each bucket's share and the reports.
+    /// Buckets paired with their position in the route's list as the handle.
     fn accounted<'a>(
-        buckets: &[BucketRequest<'a>],
+        buckets: &[(usize, BucketRequest<'a>)],
         decision: &Decision,
-    ) -> (Accounting, Vec<BucketAccount>, Reports<'a>) {
+    ) -> (Accounting, Vec<BucketAccount<usize>>, Reports<'a>) {
         let (mut shares, mut reports) = (Vec::new(), Reports::new());
-        let accounting = account(buckets, decision, &mut reports, |share| shares.push(share));
+        let paired = buckets.iter().map(|(limit, bucket)| (*limit, bucket));
+        let accounting = account(paired, decision, &mut reports, |share| shares.push(share));
         (accounting, shares, reports)
     }
 
@@ -117,8 +122,8 @@ mod tests {
         route_limit: usize,
         cost: f64,
         enforce: bool,
-    ) -> BucketRequest<'static> {
-        BucketRequest {
+    ) -> (usize, BucketRequest<'static>) {
+        let request = BucketRequest {
             key: BucketKey {
                 limit,
                 fingerprint: 1,
@@ -133,13 +138,17 @@ mod tests {
                 debt: 0.0,
             },
             adaptive: None,
-            route_limit,
             lease: None,
-        }
+        };
+        (route_limit, request)
     }
 
     /// The verdict of a bucket of `bucket`'s charge that held `tokens` before the decision.
-    fn verdict(bucket: &BucketRequest<'_>, tokens_before: f64, charged: bool) -> Verdict {
+    fn verdict(
+        (_, bucket): &(usize, BucketRequest<'_>),
+        tokens_before: f64,
+        charged: bool,
+    ) -> Verdict {
         let sufficient = tokens_before >= bucket.charge.cost;
         let after = if charged {
             tokens_before - bucket.charge.cost
@@ -166,7 +175,7 @@ mod tests {
         assert!(!accounting.shadow_refused);
         let charged: Vec<(usize, f64)> = shares
             .iter()
-            .map(|bucket| (bucket.route_limit, bucket.charged))
+            .map(|bucket| (bucket.limit, bucket.charged))
             .collect();
         assert_eq!(charged, [(0, 2.0), (2, 1.0)]);
         assert_eq!(shares[0].fill_ratio, 0.8);
@@ -236,7 +245,7 @@ mod tests {
             .collect();
         let (_, shares, reports) = accounted(&buckets, &Decision::Refuse(verdicts));
         assert_eq!(shares.len(), 1);
-        assert_eq!(shares[0].route_limit, 1);
+        assert_eq!(shares[0].limit, 1);
         assert_eq!(refusing(&reports), "per_user");
     }
 }

@@ -2,9 +2,9 @@
 //! counts as an error for a key's adaptive penalty, recorded in the store that decided.
 
 use super::decide::Decider;
-use super::Gateway;
-use crate::limit::{BucketRequest, Charge, OutcomeRequest, StoreError};
-use crate::runtime::ServedRoute;
+use super::{Buckets, Gateway};
+use crate::limit::{Charge, OutcomeRequest, StoreError};
+use crate::runtime::{AppliedLimit, ServedRoute};
 
 impl Gateway {
     /// Response hooks: extra charges by status and adaptive errors, recorded in the store that
@@ -13,16 +13,16 @@ impl Gateway {
     pub(super) async fn after_response(
         &self,
         route: &ServedRoute,
-        buckets: &[BucketRequest<'_>],
+        buckets: &Buckets<'_>,
         decider: Decider,
         status: u16,
     ) {
-        let requests: Vec<OutcomeRequest<'_>> = buckets
+        let (requests, limits): (Vec<OutcomeRequest<'_>>, Vec<&AppliedLimit>) = buckets
             .iter()
-            .filter_map(|bucket| {
-                let limit = &route.limits[bucket.route_limit].limit;
+            .filter_map(|(applied, bucket)| {
+                let limit = &applied.limit;
                 let (extra, error) = (limit.charge_for(status), limit.is_error(status));
-                (extra > 0.0 || error).then(|| OutcomeRequest {
+                let outcome = OutcomeRequest {
                     key: bucket.key.clone(),
                     charge: Charge {
                         cost: extra,
@@ -30,10 +30,10 @@ impl Gateway {
                     },
                     adaptive: bucket.adaptive,
                     error,
-                    route_limit: bucket.route_limit,
-                })
+                };
+                (extra > 0.0 || error).then_some((outcome, applied))
             })
-            .collect();
+            .unzip();
         if requests.is_empty() {
             return;
         }
@@ -51,8 +51,8 @@ impl Gateway {
                 return;
             }
         };
-        for (request, tripped) in requests.iter().zip(tripped) {
-            let metrics = &route.limits[request.route_limit].metrics;
+        for ((request, applied), tripped) in requests.iter().zip(limits).zip(tripped) {
+            let metrics = &applied.metrics;
             metrics.tokens_consumed.inc_by(request.charge.cost);
             if tripped {
                 if let Some(penalties) = &metrics.penalties {

@@ -6,23 +6,24 @@ use smallvec::SmallVec;
 
 use super::access_log::{self, Exchange};
 use super::accounting::{self, BucketAccount};
-use super::{slots, Gateway};
+use super::slots::{self, SlotRequests};
+use super::{Buckets, Gateway};
 use crate::config::StoreFailurePolicy;
-use crate::limit::concurrency::{Leased, Leasing, SlotRequest};
+use crate::limit::concurrency::{Leased, Leasing};
 use crate::limit::redis::PendingSlotLeases;
 use crate::limit::{clock, BucketRequest, Decision, Held, Store, StoreError};
 use crate::metrics::Outcome;
 use crate::reject::{Reject, Reports};
-use crate::runtime::ServedRoute;
+use crate::runtime::{AppliedLimit, ServedRoute};
 
 /// A request its limits let through, and on what grounds.
-pub(super) struct Admission {
+pub(super) struct Admission<'r> {
     pub(super) outcome: Outcome,
     pub(super) decider: Decider,
     /// Seconds to hold the request for tokens it booked (`on_limit = "delay"`), and the
     /// route limits whose buckets the decision charged.
     pub(super) delay: f64,
-    pub(super) charged: SmallVec<[usize; 4]>,
+    pub(super) charged: SmallVec<[&'r AppliedLimit; 4]>,
     /// The slots of its concurrency limits, held until its response ends.
     pub(super) slots: Option<Held>,
 }
@@ -44,11 +45,11 @@ impl Gateway {
     pub(super) async fn decide<'r>(
         &self,
         route: &'r ServedRoute,
-        buckets: &[BucketRequest<'r>],
-        slot_requests: &[SlotRequest],
+        buckets: &Buckets<'r>,
+        slot_requests: &SlotRequests<'r>,
         exchange: &mut Exchange,
         reports: &mut Reports<'r>,
-    ) -> Result<Admission, Reject> {
+    ) -> Result<Admission<'r>, Reject> {
         let refused = |exchange: &mut Exchange, reports: &Reports<'r>| {
             if access_log::enabled() {
                 exchange.limit = Some(accounting::refusing(reports));
@@ -61,13 +62,13 @@ impl Gateway {
         // bucket gives its slots back, dropped with `slots`).
         let leases = match &self.shared.store {
             Store::Redis(redis) if !slot_requests.is_empty() => {
-                Some(PendingSlotLeases::new(redis, slot_requests))
+                Some(PendingSlotLeases::new(redis, slot_requests.requests()))
             }
             _ => None,
         };
         let mut held = match leases {
             Some(_) => None,
-            None => slots::take_local(&self.shared, route, slot_requests, reports)
+            None => slots::take_local(&self.shared, slot_requests, reports)
                 .map_err(|_| refused(exchange, reports))?,
         };
         let admitted_unlimited = |outcome, slots| Admission {
@@ -80,11 +81,14 @@ impl Gateway {
         if buckets.is_empty() && leases.is_none() {
             return Ok(admitted_unlimited(Outcome::Allowed, held));
         }
-        let leasing = leases.as_ref().map(|leases| leases.leasing(slot_requests));
-        let (decision, decider) = match self.store_decision(buckets, leasing.as_ref()).await {
+        let leasing = leases
+            .as_ref()
+            .map(|leases| leases.leasing(slot_requests.requests()));
+        let decision = self.store_decision(buckets.requests(), leasing.as_ref());
+        let (decision, decider) = match decision.await {
             Ok((decision, leased)) => {
                 if let Some(leases) = leases {
-                    held = slots::settle_leases(leases, leased, route, slot_requests, reports);
+                    held = slots::settle_leases(leases, leased, slot_requests, reports);
                 }
                 (decision, Decider::Store)
             }
@@ -100,20 +104,20 @@ impl Gateway {
                     StoreFailurePolicy::Deny => return Err(Reject::StoreUnavailable),
                     StoreFailurePolicy::Local => {
                         if held.is_none() {
-                            held = slots::take_local(&self.shared, route, slot_requests, reports)
+                            held = slots::take_local(&self.shared, slot_requests, reports)
                                 .map_err(|_| refused(exchange, reports))?;
                         }
-                        (self.shared.local.decide(buckets), Decider::Local)
+                        (self.shared.local.decide(buckets.requests()), Decider::Local)
                     }
                 }
             }
         };
         let mut charged = SmallVec::new();
-        let accounting = accounting::account(buckets, &decision, reports, |share| {
+        let accounting = accounting::account(buckets.iter(), &decision, reports, |share| {
             if share.charged > 0.0 {
-                charged.push(share.route_limit);
+                charged.push(share.limit);
             }
-            record_share(route, share)
+            record_share(share)
         });
         if !accounting.admitted {
             return Err(refused(exchange, reports));
@@ -166,8 +170,8 @@ impl Gateway {
 }
 
 /// Records a bucket's share of a decision in the metrics of its limit.
-fn record_share(route: &ServedRoute, share: BucketAccount) {
-    let metrics = &route.limits[share.route_limit].metrics;
+fn record_share(share: BucketAccount<&AppliedLimit>) {
+    let metrics = &share.limit.metrics;
     metrics.fill_ratio.observe(share.fill_ratio);
     if share.charged > 0.0 {
         metrics.tokens_consumed.inc_by(share.charged);

@@ -5,7 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::applied;
+use super::Buckets;
 use crate::limit::{BucketRequest, MemoryStore, OutcomeRequest, RedisStore, Refund, Store};
+use crate::runtime::AppliedLimit;
 use crate::shared::Shared;
 
 /// Tokens a held request was charged, given back unless it goes on.
@@ -47,13 +50,14 @@ impl Drop for Booked<'_> {
 pub(super) async fn hold(
     shared: &Arc<Shared>,
     local: bool,
-    buckets: &[BucketRequest<'_>],
-    charged: &[usize],
+    buckets: &Buckets<'_>,
+    charged: &[&AppliedLimit],
     delay: f64,
 ) {
     let charged = buckets
         .iter()
-        .filter(|bucket| charged.contains(&bucket.route_limit));
+        .filter(|(limit, _)| charged.iter().any(|charged| applied::same(charged, limit)))
+        .map(|(_, bucket)| bucket);
     let pending = match &shared.store {
         Store::Redis(redis) if !local => Pending::Redis(redis.clone(), redis.refund_of(charged)),
         Store::Memory(memory) if !local => Pending::Local(memory, refunds(charged)),
@@ -79,7 +83,6 @@ fn refunds<'a>(buckets: impl Iterator<Item = &'a BucketRequest<'a>>) -> Vec<Outc
             },
             adaptive: bucket.adaptive,
             error: false,
-            route_limit: bucket.route_limit,
         })
         .collect()
 }

@@ -4,30 +4,28 @@
 //! by the decision's own script call, renewed while the request is in flight and given back
 //! when it ends.
 
-use smallvec::SmallVec;
-
+use super::applied::Applied;
 use crate::limit::concurrency::{Leased, SlotRequest};
 use crate::limit::redis::PendingSlotLeases;
 use crate::limit::Held;
 use crate::reject::{LimitReport, Reject, Reports};
-use crate::runtime::ServedRoute;
+use crate::runtime::AppliedLimit;
 use crate::shared::Shared;
 
-/// A request's slot requests, inline for the usual one or two.
-pub(super) type SlotRequests = SmallVec<[SlotRequest; 2]>;
+/// A request's slot requests, each with its route limit.
+pub(super) type SlotRequests<'r> = Applied<'r, SlotRequest>;
 
 /// A limit's slots as the rate-limit headers tell them: `concurrency` slots, the free ones
 /// after this request, a second until one may free up.
 fn report<'r>(
-    route: &'r ServedRoute,
+    limit: &'r AppliedLimit,
     request: &SlotRequest,
     free: u32,
     refused: bool,
 ) -> LimitReport<'r> {
-    let limit = &route.limits[request.route_limit].limit;
     let capacity = f64::from(request.slots);
     LimitReport {
-        name: &limit.name,
+        name: &limit.limit.name,
         capacity,
         rate: capacity,
         cost: 1.0,
@@ -40,21 +38,21 @@ fn report<'r>(
 
 /// Reports the slots taken, or the limit that had none free (and counts its refusal).
 fn settle<'r>(
-    route: &'r ServedRoute,
-    requests: &[SlotRequest],
+    requests: &SlotRequests<'r>,
     taken: Result<&[u32], usize>,
     reports: &mut Reports<'r>,
 ) {
     match taken {
         Ok(free) => {
-            for (request, free) in requests.iter().zip(free) {
-                reports.push(report(route, request, *free, false));
+            for ((limit, request), free) in requests.iter().zip(free) {
+                reports.push(report(limit, request, *free, false));
             }
         }
         Err(index) => {
-            let request = &requests[index];
-            route.limits[request.route_limit].metrics.limited.inc();
-            reports.push(report(route, request, 0, true));
+            if let Some((limit, request)) = requests.iter().nth(index) {
+                limit.metrics.limited.inc();
+                reports.push(report(limit, request, 0, true));
+            }
         }
     }
 }
@@ -63,20 +61,19 @@ fn settle<'r>(
 /// "local"`): all or none; `None` when its route has no concurrency limit that applies.
 pub(super) fn take_local<'r>(
     shared: &Shared,
-    route: &'r ServedRoute,
-    requests: &[SlotRequest],
+    requests: &SlotRequests<'r>,
     reports: &mut Reports<'r>,
 ) -> Result<Option<Held>, Reject> {
     if requests.is_empty() {
         return Ok(None);
     }
-    match shared.slots.acquire(requests) {
+    match shared.slots.acquire(requests.requests()) {
         Ok((held, free)) => {
-            settle(route, requests, Ok(&free), reports);
+            settle(requests, Ok(&free), reports);
             Ok(Some(Held::Local(held)))
         }
         Err(refused) => {
-            settle(route, requests, Err(refused.index), reports);
+            settle(requests, Err(refused.index), reports);
             Err(Reject::Limited)
         }
     }
@@ -87,19 +84,18 @@ pub(super) fn take_local<'r>(
 pub(super) fn settle_leases<'r>(
     pending: PendingSlotLeases,
     leased: Leased,
-    route: &'r ServedRoute,
-    requests: &[SlotRequest],
+    requests: &SlotRequests<'r>,
     reports: &mut Reports<'r>,
 ) -> Option<Held> {
     match leased {
         Leased::Taken(free) => {
-            settle(route, requests, Ok(&free), reports);
-            Some(Held::Leases(pending.taken(requests)))
+            settle(requests, Ok(&free), reports);
+            Some(Held::Leases(pending.taken(requests.requests())))
         }
         Leased::NotTaken(refusing) => {
             pending.none_taken();
             if let Some(index) = refusing {
-                settle(route, requests, Err(index), reports);
+                settle(requests, Err(index), reports);
             }
             None
         }

@@ -28,8 +28,6 @@ pub struct SlotRequest {
     pub slots: u32,
     /// `tollgate_concurrency_in_use{limit}`.
     pub in_use: Option<prometheus::IntGauge>,
-    /// Which of its route's limits this is.
-    pub route_limit: usize,
 }
 
 /// A request's slots to be taken as leases in the store's decision itself (Redis): each
@@ -152,7 +150,6 @@ mod tests {
             },
             slots,
             in_use: None,
-            route_limit: 0,
         }
     }
 

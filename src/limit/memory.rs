@@ -403,7 +403,6 @@ mod tests {
                 debt: 0.0,
             },
             adaptive: None,
-            route_limit: 0,
             lease: None,
         }
     }

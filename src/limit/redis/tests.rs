@@ -38,7 +38,6 @@ async fn the_deny_cache_refuses_a_delaying_bucket_only_once_its_debt_is_booked_u
             debt: 2.0,
         },
         adaptive: None,
-        route_limit: 0,
         lease: None,
     };
     let requests = [request];

@@ -446,7 +446,7 @@ impl Policy {
         };
         if let Some(files) = &self.server.tls {
             if let Err(message) = crate::tls::server_config(files) {
-                problem("server.tls".to_owned(), message);
+                problem("server.tls".to_owned(), message.to_string());
             }
         }
         if let Some(ca_file) = self
@@ -456,13 +456,16 @@ impl Policy {
             .and_then(|redis| redis.ca_file.as_ref())
         {
             if let Err(message) = crate::tls::client_config(Some(ca_file)) {
-                problem("store.ca_file".to_owned(), message);
+                problem("store.ca_file".to_owned(), message.to_string());
             }
         }
         for upstream in &self.upstreams {
             if let Some(ca_file) = &upstream.ca_file {
                 if let Err(message) = crate::tls::client_config(Some(ca_file)) {
-                    problem(format!("upstreams.{}.ca_file", upstream.name), message);
+                    problem(
+                        format!("upstreams.{}.ca_file", upstream.name),
+                        message.to_string(),
+                    );
                 }
             }
         }

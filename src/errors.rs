@@ -4,13 +4,15 @@ use std::net::SocketAddr;
 
 use crate::config::ConfigErrors;
 use crate::limit::StoreError;
+use crate::tls::TlsError;
+use crate::upstream::UpstreamSetupError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("TLS: {0}")]
-    Tls(String),
+    Tls(TlsError),
     #[error("upstream client: {0}")]
-    Upstream(String),
+    Upstream(UpstreamSetupError),
     #[error("cannot set up the store: {0}")]
     Store(StoreError),
     #[error("cannot listen on {address}: {source}")]
@@ -26,7 +28,7 @@ pub enum ReloadError {
     #[error("{0}")]
     Invalid(ConfigErrors),
     #[error("TLS: {0}")]
-    Tls(String),
+    Tls(TlsError),
     #[error("upstream client: {0}")]
-    Upstream(String),
+    Upstream(UpstreamSetupError),
 }

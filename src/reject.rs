@@ -164,7 +164,9 @@ mod tests {
             Some(Outcome::StoreUnavailable)
         );
         assert_eq!(Reject::StoreUnavailable.cause(), Some(Cause::Store));
-        let upstream = Reject::Upstream(ForwardError::Connect("refused".to_owned()));
+        let upstream = Reject::Upstream(ForwardError::Connect(
+            crate::upstream::ConnectError::NoTarget,
+        ));
         assert_eq!(
             upstream.outcome(),
             None,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::config::{Limit, Policy, Route};
 use crate::metrics::{LimitMetrics, Metrics, RouteMetrics};
-use crate::upstream::UpstreamPool;
+use crate::upstream::{UpstreamPool, UpstreamSetupError};
 
 #[derive(Debug)]
 pub struct Runtime {
@@ -44,12 +44,12 @@ impl AsRef<Route> for ServedRoute {
 
 impl Runtime {
     /// Compiles `policy` for serving: one pool per upstream, shared by the routes that name it.
-    pub fn new(policy: Policy, metrics: &Metrics) -> Result<Runtime, String> {
+    pub fn new(policy: Policy, metrics: &Metrics) -> Result<Runtime, UpstreamSetupError> {
         let pools = policy
             .upstreams
             .iter()
             .map(|upstream| Ok((upstream.clone(), Arc::new(UpstreamPool::new(upstream)?))))
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, UpstreamSetupError>>()?;
         let routes = policy
             .routes
             .iter()
@@ -58,7 +58,7 @@ impl Runtime {
                     .iter()
                     .find(|(upstream, _)| Arc::ptr_eq(upstream, &route.upstream))
                     .map(|(_, pool)| pool.clone())
-                    .ok_or_else(|| format!("route {:?}: no pool for its upstream", route.name))?;
+                    .ok_or_else(|| UpstreamSetupError::NoPool(route.name.to_string()))?;
                 let limits = route
                     .limits
                     .iter()
@@ -75,7 +75,7 @@ impl Runtime {
                     metrics: metrics.for_route(route),
                 })
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, UpstreamSetupError>>()?;
         Ok(Runtime {
             matches_hosts: policy.routes.iter().any(|route| route.host.is_some()),
             routes,

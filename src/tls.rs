@@ -19,38 +19,74 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Why a TLS configuration could not be built from its files: the operator's to mend.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read certificates from {}: {source}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("invalid PEM in {}: {source}", path.display())]
+    InvalidPem {
+        path: PathBuf,
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("no certificate in {}", .0.display())]
+    NoCertificate(PathBuf),
+    #[error("cannot read a private key from {}: {source}", path.display())]
+    UnreadableKey {
+        path: PathBuf,
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("{} and {} do not form a usable certificate: {source}", files.cert.display(), files.key.display())]
+    Unusable {
+        files: TlsFiles,
+        source: rustls::Error,
+    },
+    #[error("unusable CA certificate in {}: {source}", path.display())]
+    UnusableCa {
+        path: PathBuf,
+        source: rustls::Error,
+    },
+    #[error("{0}")]
+    Protocol(rustls::Error),
+}
+
 /// Reads a PEM certificate chain.
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certificates = CertificateDer::pem_file_iter(path)
-        .map_err(|error| format!("cannot read certificates from {}: {error}", path.display()))?
+        .map_err(|source| TlsError::Unreadable {
+            path: path.to_owned(),
+            source,
+        })?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| format!("invalid PEM in {}: {error}", path.display()))?;
+        .map_err(|source| TlsError::InvalidPem {
+            path: path.to_owned(),
+            source,
+        })?;
     if certificates.is_empty() {
-        return Err(format!("no certificate in {}", path.display()));
+        return Err(TlsError::NoCertificate(path.to_owned()));
     }
     Ok(certificates)
 }
 
 /// The listener's configuration from a PEM chain and a PKCS#8, RSA or EC key.
-pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
+pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let chain = certificates(&files.cert)?;
-    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|error| {
-        format!(
-            "cannot read a private key from {}: {error}",
-            files.key.display()
-        )
-    })?;
+    let key =
+        PrivateKeyDer::from_pem_file(&files.key).map_err(|source| TlsError::UnreadableKey {
+            path: files.key.clone(),
+            source,
+        })?;
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|error| error.to_string())?
+        .map_err(TlsError::Protocol)?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .map_err(|error| {
-            format!(
-                "{} and {} do not form a usable certificate: {error}",
-                files.cert.display(),
-                files.key.display()
-            )
+        .map_err(|source| TlsError::Unusable {
+            files: files.clone(),
+            source,
         })?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
@@ -58,14 +94,17 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
 
 /// The configuration for `https://` upstreams: the roots in `ca_file` if given, else the
 /// system's roots (and the bundled Mozilla roots when the system has none).
-pub fn client_config(ca_file: Option<&Path>) -> Result<ClientConfig, String> {
+pub fn client_config(ca_file: Option<&Path>) -> Result<ClientConfig, TlsError> {
     let mut roots = RootCertStore::empty();
     match ca_file {
         Some(path) => {
             for certificate in certificates(path)? {
-                roots.add(certificate).map_err(|error| {
-                    format!("unusable CA certificate in {}: {error}", path.display())
-                })?;
+                roots
+                    .add(certificate)
+                    .map_err(|source| TlsError::UnusableCa {
+                        path: path.to_owned(),
+                        source,
+                    })?;
             }
         }
         None => {
@@ -80,7 +119,7 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<ClientConfig, String> {
     }
     let config = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|error| error.to_string())?
+        .map_err(TlsError::Protocol)?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(config)
@@ -89,7 +128,7 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<ClientConfig, String> {
 /// The listeners' TLS acceptor, reading the certificate files now; `None` without `tls`.
 pub(crate) fn acceptor(
     files: Option<&TlsFiles>,
-) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+) -> Result<Option<tokio_rustls::TlsAcceptor>, TlsError> {
     files
         .map(|files| server_config(files).map(tokio_rustls::TlsAcceptor::from))
         .transpose()

@@ -17,6 +17,7 @@ mod watched_body;
 
 use std::sync::Arc;
 
+pub use connection_pool::ConnectError;
 use connection_pool::{ConnectionPool, PoolError};
 pub use forwarding::{peer_header, Forwarding, X_FORWARDED_FOR};
 use smallvec::SmallVec;
@@ -40,7 +41,7 @@ const DOWN_FOR: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
     #[error("cannot connect to the upstream: {0}")]
-    Connect(String),
+    Connect(ConnectError),
     #[error("no response head within {0:?}")]
     Timeout(Duration),
     #[error("upstream exchange failed: {0}")]
@@ -49,6 +50,19 @@ pub enum ForwardError {
     /// client's doing, not the upstream's.
     #[error("the request body could not be read")]
     ClientBody,
+}
+
+/// Why an upstream's client could not be set up (at start or reload): the policy's to mend.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamSetupError {
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
+    /// A target URL the client cannot use.
+    #[error("{url}: {reason}")]
+    Target { url: String, reason: String },
+    /// A compiled route names an upstream the runtime has no pool for.
+    #[error("route {0:?}: no pool for its upstream")]
+    NoPool(String),
 }
 
 /// A request body on its way upstream: streamed as it arrives, or already in memory (then it
@@ -112,7 +126,7 @@ pub struct UpstreamPool {
 
 impl UpstreamPool {
     /// Fails only when the configured CA file cannot be used.
-    pub fn new(settings: &Upstream) -> Result<UpstreamPool, String> {
+    pub fn new(settings: &Upstream) -> Result<UpstreamPool, UpstreamSetupError> {
         let https = settings
             .targets
             .iter()
@@ -387,7 +401,7 @@ impl UpstreamPool {
 
 /// The origin-form URI sent to `target`: its base path, then the request's path and query.
 fn no_target() -> ForwardError {
-    ForwardError::Connect("no upstream address".to_owned())
+    ForwardError::Connect(ConnectError::NoTarget)
 }
 
 fn target_uri(target: &UpstreamTarget, path: &str, query: Option<&str>) -> Uri {

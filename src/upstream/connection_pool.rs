@@ -24,17 +24,41 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::http1::{self, IdleConnections, Stream};
+use super::UpstreamSetupError;
 use crate::body::Body;
 use crate::wire::message::MAX_RESPONSE_HEAD_BYTES;
 
 /// Idle connections kept per upstream address.
 const MAX_IDLE: usize = 256;
 
+/// Why no connection to an upstream address could be opened: nothing was sent.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("{address}: {source}")]
+    Tcp {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("TLS with {address}: {source}")]
+    Tls {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("{address}: no connection within {after:?}")]
+    Timeout { address: String, after: Duration },
+    /// Connected, but the HTTP/1.1 or HTTP/2 handshake failed.
+    #[error("handshake: {0}")]
+    Handshake(hyper::Error),
+    /// Every target of the upstream is down, or it has none.
+    #[error("no upstream address")]
+    NoTarget,
+}
+
 /// Why a request got no response.
 #[derive(Debug)]
 pub(crate) enum PoolError {
     /// No connection could be opened: nothing was sent.
-    Connect(String),
+    Connect(ConnectError),
     Exchange(String),
     /// The deadline passed before the response head.
     Timeout,
@@ -90,8 +114,12 @@ impl ConnectionPool {
         uri: &http::Uri,
         tls: Option<Arc<rustls::ClientConfig>>,
         connect_timeout: Duration,
-    ) -> Result<ConnectionPool, String> {
-        let host = uri.host().ok_or_else(|| format!("{uri}: no host"))?;
+    ) -> Result<ConnectionPool, UpstreamSetupError> {
+        let unusable = |reason: String| UpstreamSetupError::Target {
+            url: uri.to_string(),
+            reason,
+        };
+        let host = uri.host().ok_or_else(|| unusable("no host".to_owned()))?;
         let host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
@@ -102,14 +130,14 @@ impl ConnectionPool {
         let authority = uri
             .authority()
             .cloned()
-            .ok_or_else(|| format!("{uri}: no host"))?;
+            .ok_or_else(|| unusable("no host".to_owned()))?;
         let tls = match (https, tls) {
             (true, Some(config)) => {
                 let name = ServerName::try_from(host.clone())
-                    .map_err(|error| format!("{uri}: {error}"))?;
+                    .map_err(|error| unusable(error.to_string()))?;
                 Some((TlsConnector::from(config), name))
             }
-            (true, None) => return Err(format!("{uri}: no TLS configuration")),
+            (true, None) => return Err(unusable("no TLS configuration".to_owned())),
             (false, _) => None,
         };
         Ok(ConnectionPool {
@@ -272,10 +300,14 @@ impl ConnectionPool {
     }
 
     async fn connect(&self) -> Result<Stream, PoolError> {
+        let address = || format!("{}:{}", self.host, self.port);
         let connect = async {
             let stream = TcpStream::connect((self.host.as_str(), self.port))
                 .await
-                .map_err(|error| format!("{}:{}: {error}", self.host, self.port))?;
+                .map_err(|source| ConnectError::Tcp {
+                    address: address(),
+                    source,
+                })?;
             let _ = stream.set_nodelay(true);
             match &self.tls {
                 None => Ok(Stream::Plain(stream)),
@@ -283,15 +315,18 @@ impl ConnectionPool {
                     .connect(name.clone(), stream)
                     .await
                     .map(|stream| Stream::Tls(Box::new(stream)))
-                    .map_err(|error| format!("TLS with {}:{}: {error}", self.host, self.port)),
+                    .map_err(|source| ConnectError::Tls {
+                        address: address(),
+                        source,
+                    }),
             }
         };
         match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(result) => result.map_err(PoolError::Connect),
-            Err(_) => Err(PoolError::Connect(format!(
-                "{}:{}: no connection within {:?}",
-                self.host, self.port, self.connect_timeout
-            ))),
+            Err(_) => Err(PoolError::Connect(ConnectError::Timeout {
+                address: address(),
+                after: self.connect_timeout,
+            })),
         }
     }
 }
@@ -333,12 +368,12 @@ fn for_http2(request: Request<Body>, scheme: &Scheme, target: &Authority) -> Req
     Request::from_parts(parts, body)
 }
 
-async fn handshake_http2(stream: Stream) -> Result<http2::SendRequest<Body>, String> {
+async fn handshake_http2(stream: Stream) -> Result<http2::SendRequest<Body>, ConnectError> {
     let (sender, connection) = http2::Builder::new(TokioExecutor::new())
         .max_header_list_size(MAX_RESPONSE_HEAD_BYTES as u32)
         .handshake(TokioIo::new(stream))
         .await
-        .map_err(|error| error.to_string())?;
+        .map_err(ConnectError::Handshake)?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::debug!(%error, "upstream HTTP/2 connection ended with an error");
@@ -347,7 +382,7 @@ async fn handshake_http2(stream: Stream) -> Result<http2::SendRequest<Body>, Str
     Ok(sender)
 }
 
-async fn handshake<S>(stream: S) -> Result<SendRequest<Body>, String>
+async fn handshake<S>(stream: S) -> Result<SendRequest<Body>, ConnectError>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -355,7 +390,7 @@ where
         .max_buf_size(MAX_RESPONSE_HEAD_BYTES)
         .handshake(TokioIo::new(stream))
         .await
-        .map_err(|error| error.to_string())?;
+        .map_err(ConnectError::Handshake)?;
     tokio::spawn(async move {
         if let Err(error) = connection.with_upgrades().await {
             tracing::debug!(%error, "upstream connection ended with an error");

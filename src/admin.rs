@@ -156,6 +156,18 @@ async fn answer(shared: &Shared, request: Request<Incoming>, peer: IpAddr) -> Re
     }
 }
 
+/// Where a command on this host reaches an admin listener bound to `listen`: an unspecified
+/// address (`0.0.0.0`, `[::]`) as the loopback address of its family.
+pub fn local_url(mut listen: std::net::SocketAddr) -> String {
+    if listen.ip().is_unspecified() {
+        listen.set_ip(match listen {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    format!("http://{listen}")
+}
+
 /// Sends `method` to `url` with an optional bearer token: what `tollgate health`, `inspect`
 /// and `reset` ask. Returns the status and the body; a failure is said in plain words.
 pub async fn call(
@@ -194,4 +206,17 @@ pub async fn call(
     tokio::time::timeout(timeout, exchange)
         .await
         .map_err(|_| format!("{url} did not answer within {} s", timeout.as_secs()))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_url;
+
+    #[test]
+    fn the_cli_reaches_an_unspecified_listener_on_the_loopback_of_its_family() {
+        let url = |listen: &str| local_url(listen.parse().unwrap());
+        assert_eq!(url("0.0.0.0:9090"), "http://127.0.0.1:9090");
+        assert_eq!(url("[::]:9090"), "http://[::1]:9090");
+        assert_eq!(url("10.0.0.5:9090"), "http://10.0.0.5:9090");
+    }
 }

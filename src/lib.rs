@@ -46,7 +46,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Policy;
 use crate::gateway::Gateway;
-use crate::limit::{Clock, MemoryStore, RedisStore, Store};
+use crate::limit::{Clock, RedisStore, Store};
 use crate::shared::Shared;
 
 pub use body::{Body, BoxError};
@@ -168,14 +168,6 @@ impl Tollgate {
     /// The current metrics in the Prometheus text format.
     pub fn render_metrics(&self) -> String {
         self.shared.metrics.render()
-    }
-
-    /// The memory store (for tests and diagnostics).
-    pub fn memory_store(&self) -> Option<&MemoryStore> {
-        match &self.shared.store {
-            Store::Memory(store) => Some(store),
-            Store::Redis(_) => None,
-        }
     }
 
     /// The Redis store (for tests and diagnostics).

@@ -286,14 +286,7 @@ fn admin_url(config: Option<PathBuf>) -> Result<String, String> {
             path.display()
         )
     })?;
-    let mut address = policy.admin.listen;
-    if address.ip().is_unspecified() {
-        address.set_ip(match address {
-            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-        });
-    }
-    Ok(format!("http://{address}"))
+    Ok(tollgate::admin::local_url(policy.admin.listen))
 }
 
 fn replay(
@@ -344,17 +337,14 @@ fn replay(
 
 /// `tollgate inspect` and `tollgate reset`: one call to the admin API, its answer for a person.
 async fn key_command(reset: bool, arguments: KeyArguments) -> ExitCode {
-    let path = arguments.config.unwrap_or_else(config::default_path);
+    let path = arguments
+        .config
+        .clone()
+        .unwrap_or_else(config::default_path);
     let policy = Policy::load(&path);
     let admin = match (&arguments.admin, &policy) {
         (Some(url), _) => url.trim_end_matches('/').to_owned(),
-        (None, Ok(policy)) => {
-            let mut address = policy.admin.listen;
-            if address.ip().is_unspecified() {
-                address.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-            }
-            format!("http://{address}")
-        }
+        (None, Ok(policy)) => tollgate::admin::local_url(policy.admin.listen),
         (None, Err(errors)) => {
             eprintln!("{errors}");
             eprintln!(
@@ -372,6 +362,19 @@ async fn key_command(reset: bool, arguments: KeyArguments) -> ExitCode {
             .map(|token| token.secret().to_owned()),
         Err(_) => std::env::var("TOLLGATE_ADMIN_TOKEN").ok(),
     };
+    let url = key_url(&admin, &arguments);
+    let method = if reset {
+        http::Method::DELETE
+    } else {
+        http::Method::GET
+    };
+    let timeout = std::time::Duration::from_secs(5);
+    let answer = tollgate::admin::call(method, &url, token.as_deref(), timeout).await;
+    report_key_answer(&arguments, &url, answer)
+}
+
+/// `/limits/NAME?key=…&tier=…` on the admin listener at `admin`.
+fn key_url(admin: &str, arguments: &KeyArguments) -> String {
     let mut query = form_urlencoded::Serializer::new(String::new());
     for value in &arguments.keys {
         query.append_pair("key", value);
@@ -379,21 +382,17 @@ async fn key_command(reset: bool, arguments: KeyArguments) -> ExitCode {
     if let Some(tier) = &arguments.tier {
         query.append_pair("tier", tier);
     }
-    let url = format!("{admin}/limits/{}?{}", arguments.limit, query.finish());
-    let method = if reset {
-        http::Method::DELETE
-    } else {
-        http::Method::GET
-    };
+    format!("{admin}/limits/{}?{}", arguments.limit, query.finish())
+}
+
+/// Prints what the admin listener answered to `inspect` or `reset`, in a line for people.
+fn report_key_answer(
+    arguments: &KeyArguments,
+    url: &str,
+    answer: Result<(u16, String), String>,
+) -> ExitCode {
     let shown = arguments.keys.join(" + ");
-    match tollgate::admin::call(
-        method,
-        &url,
-        token.as_deref(),
-        std::time::Duration::from_secs(5),
-    )
-    .await
-    {
+    match answer {
         Ok((204, _)) => {
             println!(
                 "{} [{shown}]: reset, the bucket is full again",
@@ -403,31 +402,7 @@ async fn key_command(reset: bool, arguments: KeyArguments) -> ExitCode {
         }
         Ok((200, body)) => {
             let state: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-            let number = |name: &str| state[name].as_f64().unwrap_or(0.0);
-            let mut line = format!(
-                "{} [{shown}]: {} of {} tokens left",
-                arguments.limit,
-                number("tokens").max(0.0).floor(),
-                number("capacity")
-            );
-            if let Some(resets_in) = state["resets_in"].as_f64() {
-                line.push_str(&format!(
-                    ", the period ends in {}",
-                    humantime::format_duration(std::time::Duration::from_secs(
-                        resets_in.ceil() as u64
-                    ))
-                ));
-            }
-            if let Some(factor) = state["penalty"]["factor"].as_f64() {
-                let until = state["penalty"]["until_unix"].as_f64().unwrap_or(0.0);
-                let until =
-                    std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(until.max(0.0));
-                line.push_str(&format!(
-                    ", penalised ×{factor} until {}",
-                    humantime::format_rfc3339_seconds(until)
-                ));
-            }
-            println!("{line}");
+            println!("{} [{shown}]: {}", arguments.limit, key_state(&state));
             ExitCode::SUCCESS
         }
         Ok((status, body)) => {
@@ -445,6 +420,31 @@ async fn key_command(reset: bool, arguments: KeyArguments) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A key's state as `/limits` gives it: tokens left, when a quota's period ends, a penalty.
+fn key_state(state: &serde_json::Value) -> String {
+    let number = |name: &str| state[name].as_f64().unwrap_or(0.0);
+    let mut line = format!(
+        "{} of {} tokens left",
+        number("tokens").max(0.0).floor(),
+        number("capacity")
+    );
+    if let Some(resets_in) = state["resets_in"].as_f64() {
+        line.push_str(&format!(
+            ", the period ends in {}",
+            humantime::format_duration(std::time::Duration::from_secs(resets_in.ceil() as u64))
+        ));
+    }
+    if let Some(factor) = state["penalty"]["factor"].as_f64() {
+        let until = state["penalty"]["until_unix"].as_f64().unwrap_or(0.0);
+        let until = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(until.max(0.0));
+        line.push_str(&format!(
+            ", penalised ×{factor} until {}",
+            humantime::format_rfc3339_seconds(until)
+        ));
+    }
+    line
 }
 
 /// SIGHUP reloads; SIGTERM and SIGINT drain and exit 0.

@@ -6,11 +6,23 @@ use std::time::Duration;
 
 use http::Method;
 
-use super::{KeySource, Missing, Mode, Normalize, PathMatch, Policy, Tier, TierSource};
+use super::{KeySource, Limit, Missing, Mode, Normalize, PathMatch, Policy, Tier, TierSource};
 use crate::client_ip::Trust;
 
 pub(super) fn summary(policy: &Policy) -> String {
     let mut out = String::new();
+    write_header(&mut out, policy);
+    write_routes(&mut out, policy);
+    write_limits(&mut out, policy);
+    write_overload_and_upstreams(&mut out, policy);
+    for warning in &policy.warnings {
+        let _ = writeln!(out, "\nwarning: {warning}");
+    }
+    out
+}
+
+/// Listeners, how the client address is found, identity, the store.
+fn write_header(out: &mut String, policy: &Policy) {
     let listen: Vec<String> = policy
         .server
         .listen
@@ -45,6 +57,10 @@ pub(super) fn summary(policy: &Policy) -> String {
         policy.store.backend.as_str(),
         policy.store.max_keys
     );
+}
+
+/// One line per route, in matching order.
+fn write_routes(out: &mut String, policy: &Policy) {
     let _ = writeln!(out, "\nroutes (first match wins):");
     let _ = writeln!(
         out,
@@ -87,6 +103,10 @@ pub(super) fn summary(policy: &Policy) -> String {
             }
         );
     }
+}
+
+/// One line per limit: key, numbers, and notes on what else it does.
+fn write_limits(out: &mut String, policy: &Policy) {
     let _ = writeln!(out, "\nlimits:");
     let _ = writeln!(
         out,
@@ -104,60 +124,6 @@ pub(super) fn summary(policy: &Policy) -> String {
                 .collect::<Vec<_>>()
                 .join(" + ")
         };
-        let mut notes = Vec::new();
-        if limit.mode == Mode::Shadow {
-            notes.push("shadow".to_owned());
-        }
-        if limit.missing == Missing::Reject {
-            let status = if limit.reads_token() { 401 } else { 400 };
-            notes.push(format!("missing key → {status}"));
-        }
-        if limit.normalize != Normalize::None {
-            notes.push(format!("normalize {:?}", limit.normalize).to_lowercase());
-        }
-        if !limit.exempt.is_empty() {
-            notes.push(format!("{} exempt network(s)", limit.exempt.len()));
-        }
-        if let Some(adaptive) = &limit.adaptive {
-            let statuses: Vec<String> = adaptive.on_status.iter().map(u16::to_string).collect();
-            let params = adaptive.params;
-            notes.push(format!(
-                "adaptive: {} × {} within {} → ×{} (min {}) for {}",
-                params.threshold,
-                statuses.join("/"),
-                humantime::format_duration(Duration::from_secs_f64(params.window)),
-                params.factor,
-                params.min_capacity,
-                humantime::format_duration(Duration::from_secs_f64(params.hold)),
-            ));
-        }
-        for (status, tokens) in &limit.charge_on_status {
-            notes.push(format!("{status} costs +{tokens}"));
-        }
-        if let Some(source) = &limit.tier {
-            let source = match source {
-                TierSource::JwtClaim(path) => format!("jwt claim {path}"),
-                TierSource::Header(name) => format!("header {name}"),
-            };
-            let tiers: Vec<String> = limit
-                .tiers
-                .iter()
-                .map(|(name, tier)| match tier {
-                    Tier::Exempt => format!("{name} exempt"),
-                    Tier::Bucket { capacity, .. } if limit.calendar.is_some() => {
-                        format!("{name} {capacity}")
-                    }
-                    Tier::Bucket { capacity, rate } => format!("{name} {capacity} @ {rate}"),
-                })
-                .collect();
-            notes.push(format!("tiers by {source}: {}", tiers.join("; ")));
-        }
-        if let Some(max_delay) = limit.max_delay {
-            notes.push(format!(
-                "delays up to {}",
-                humantime::format_duration(max_delay)
-            ));
-        }
         let (rate, refill) = match &limit.calendar {
             _ if limit.concurrency.is_some() => ("in flight".to_owned(), "-".to_owned()),
             Some(calendar) => (
@@ -180,9 +146,72 @@ pub(super) fn summary(policy: &Policy) -> String {
             limit.capacity,
             rate,
             refill,
-            notes.join(", ")
+            limit_notes(limit).join(", ")
         );
     }
+}
+
+/// What a limit does besides counting: shadow mode, missing keys, normalization, exemptions,
+/// adaptive penalties, charges by status, tiers, delays.
+fn limit_notes(limit: &Limit) -> Vec<String> {
+    let mut notes = Vec::new();
+    if limit.mode == Mode::Shadow {
+        notes.push("shadow".to_owned());
+    }
+    if limit.missing == Missing::Reject {
+        let status = if limit.reads_token() { 401 } else { 400 };
+        notes.push(format!("missing key → {status}"));
+    }
+    if limit.normalize != Normalize::None {
+        notes.push(format!("normalize {:?}", limit.normalize).to_lowercase());
+    }
+    if !limit.exempt.is_empty() {
+        notes.push(format!("{} exempt network(s)", limit.exempt.len()));
+    }
+    if let Some(adaptive) = &limit.adaptive {
+        let statuses: Vec<String> = adaptive.on_status.iter().map(u16::to_string).collect();
+        let params = adaptive.params;
+        notes.push(format!(
+            "adaptive: {} × {} within {} → ×{} (min {}) for {}",
+            params.threshold,
+            statuses.join("/"),
+            humantime::format_duration(Duration::from_secs_f64(params.window)),
+            params.factor,
+            params.min_capacity,
+            humantime::format_duration(Duration::from_secs_f64(params.hold)),
+        ));
+    }
+    for (status, tokens) in &limit.charge_on_status {
+        notes.push(format!("{status} costs +{tokens}"));
+    }
+    if let Some(source) = &limit.tier {
+        let source = match source {
+            TierSource::JwtClaim(path) => format!("jwt claim {path}"),
+            TierSource::Header(name) => format!("header {name}"),
+        };
+        let tiers: Vec<String> = limit
+            .tiers
+            .iter()
+            .map(|(name, tier)| match tier {
+                Tier::Exempt => format!("{name} exempt"),
+                Tier::Bucket { capacity, .. } if limit.calendar.is_some() => {
+                    format!("{name} {capacity}")
+                }
+                Tier::Bucket { capacity, rate } => format!("{name} {capacity} @ {rate}"),
+            })
+            .collect();
+        notes.push(format!("tiers by {source}: {}", tiers.join("; ")));
+    }
+    if let Some(max_delay) = limit.max_delay {
+        notes.push(format!(
+            "delays up to {}",
+            humantime::format_duration(max_delay)
+        ));
+    }
+    notes
+}
+
+fn write_overload_and_upstreams(out: &mut String, policy: &Policy) {
     if let Some(overload) = &policy.overload {
         let mut triggers = Vec::new();
         if let Some(max) = overload.max_inflight {
@@ -220,7 +249,6 @@ pub(super) fn summary(policy: &Policy) -> String {
     for warning in &policy.warnings {
         let _ = writeln!(out, "\nwarning: {warning}");
     }
-    out
 }
 
 fn describe_source(source: &KeySource) -> String {

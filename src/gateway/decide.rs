@@ -47,10 +47,10 @@ impl Gateway {
         route: &'r ServedRoute,
         buckets: &Buckets<'r>,
         slot_requests: &SlotRequests<'r>,
-        exchange: &mut Exchange,
+        exchange: &mut Exchange<'_>,
         reports: &mut Reports<'r>,
     ) -> Result<Admission<'r>, Reject> {
-        let refused = |exchange: &mut Exchange, reports: &Reports<'r>| {
+        let refused = |exchange: &mut Exchange<'_>, reports: &Reports<'r>| {
             if access_log::enabled() {
                 exchange.limit = Some(accounting::refusing(reports));
             }
@@ -112,28 +112,8 @@ impl Gateway {
                 }
             }
         };
-        let mut charged = SmallVec::new();
-        let accounting = accounting::account(buckets.iter(), &decision, reports, |share| {
-            if share.charged > 0.0 {
-                charged.push(share.limit);
-            }
-            record_share(share)
-        });
-        if !accounting.admitted {
-            return Err(refused(exchange, reports));
-        }
-        let outcome = match decider {
-            Decider::Local => Outcome::DegradedAllowed,
-            _ if accounting.shadow_refused => Outcome::ShadowLimited,
-            _ => Outcome::Allowed,
-        };
-        Ok(Admission {
-            outcome,
-            decider,
-            delay: accounting.delay,
-            charged,
-            slots: held,
-        })
+        admission(&decision, decider, buckets, held, reports)
+            .ok_or_else(|| refused(exchange, reports))
     }
 
     /// The store's decision; a failure is timed, counted and logged here (an open circuit,
@@ -167,6 +147,40 @@ impl Gateway {
         }
         result
     }
+}
+
+/// What `decision` means for the request: each bucket's share recorded in its limit's metrics,
+/// and the request's admission, or `None` when an enforcing limit refused it (its `slots` are
+/// then given back).
+fn admission<'r>(
+    decision: &Decision,
+    decider: Decider,
+    buckets: &Buckets<'r>,
+    slots: Option<Held>,
+    reports: &mut Reports<'r>,
+) -> Option<Admission<'r>> {
+    let mut charged = SmallVec::new();
+    let accounting = accounting::account(buckets.iter(), decision, reports, |share| {
+        if share.charged > 0.0 {
+            charged.push(share.limit);
+        }
+        record_share(share)
+    });
+    if !accounting.admitted {
+        return None;
+    }
+    let outcome = match decider {
+        Decider::Local => Outcome::DegradedAllowed,
+        _ if accounting.shadow_refused => Outcome::ShadowLimited,
+        _ => Outcome::Allowed,
+    };
+    Some(Admission {
+        outcome,
+        decider,
+        delay: accounting.delay,
+        charged,
+        slots,
+    })
 }
 
 /// Records a bucket's share of a decision in the metrics of its limit.

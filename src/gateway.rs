@@ -138,6 +138,8 @@ impl Gateway {
                 let result = self
                     .serve(&routed, request, &mut exchange, fields, &mut reports)
                     .await;
+                // Answered: the final outcome is counted here, once.
+                exchange.admitted_as = None;
                 let outcome = match &result {
                     Ok(_) => exchange.outcome,
                     Err(reject) => reject.outcome().or(exchange.outcome),
@@ -180,7 +182,7 @@ impl Gateway {
         request: &Request<RequestBody>,
         scan: FieldScan,
         connection: &'r Connection,
-        exchange: &mut Exchange,
+        exchange: &mut Exchange<'r>,
     ) -> Result<Routed<'r>, Reject> {
         exchange.path = path::normalize(request.uri().path()).into_owned();
         if self.shared.shutting_down.load(Ordering::Relaxed) {
@@ -217,7 +219,7 @@ impl Gateway {
         &self,
         routed: &Routed<'r>,
         request: Request<RequestBody>,
-        exchange: &mut Exchange,
+        exchange: &mut Exchange<'r>,
         fields: &mut SetFields,
         reports: &mut Reports<'r>,
     ) -> Result<Response<Body>, Reject> {
@@ -251,6 +253,7 @@ impl Gateway {
             }
         };
         exchange.outcome = Some(admission.outcome);
+        exchange.admitted_as = Some(routed.route.metrics.outcome(admission.outcome));
         if admission.delay > 0.0 {
             let local = admission.decider == Decider::Local;
             delay::hold(

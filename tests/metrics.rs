@@ -320,3 +320,51 @@ async fn every_metric_of_the_specification_with_counters_that_add_up() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Clients that leave after their request was admitted and forwarded, before the response
+/// head: each admitted request is still counted once in `tollgate_requests_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admitted_requests_whose_clients_leave_are_counted_once() {
+    const POLICY: &str = r#"
+[upstreams.app]
+url = "http://{upstream}"
+timeout = "30s"
+
+[limits.everyone]
+key = "global"
+capacity = 1000
+rate = "1/h"
+
+[[routes]]
+name = "slow"
+path = "/slow"
+upstream = "app"
+limits = ["everyone"]
+"#;
+    const LEAVING: usize = 20;
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(POLICY, upstream.address).await;
+    let client = std::sync::Arc::new(HttpClient::h2c(gateway.addresses[0]));
+    let requests: Vec<_> = (0..LEAVING)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.get("/slow", &[]).await })
+        })
+        .collect();
+    eventually("every request reached the upstream", || {
+        upstream.hits.load(std::sync::atomic::Ordering::SeqCst) == LEAVING
+    })
+    .await;
+    for request in requests {
+        request.abort();
+    }
+    drop(client);
+    let allowed = r#"tollgate_requests_total{outcome="allowed",route="slow"}"#;
+    eventually("each admitted request counted", || {
+        metric(&gateway.render_metrics(), allowed) == LEAVING as f64
+    })
+    .await;
+    // Nothing more is counted later, when the upstream would have answered.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(metric(&gateway.render_metrics(), allowed), LEAVING as f64);
+}

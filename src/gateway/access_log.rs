@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 use http::{Method, StatusCode};
 
 use crate::limit::clock;
-use crate::metrics::Outcome;
+use crate::metrics::{IntCounter, Outcome};
 use crate::reject::Cause;
 use crate::request_id::RequestId;
 
-/// One line of the access log.
-pub(super) struct Exchange {
+/// One line of the access log, and the request's count in `tollgate_requests_total` when its
+/// client leaves before the answer.
+pub(super) struct Exchange<'r> {
     /// When the request came in; read only when the access log is on (a clock read per
     /// request is not free on a virtual machine).
     pub(super) started: Option<Instant>,
@@ -31,11 +32,15 @@ pub(super) struct Exchange {
     pub(super) keys: Option<String>,
     pub(super) upstream: Option<Duration>,
     pub(super) request_id: RequestId,
+    /// The counter of the outcome the request was admitted with, until the answer is known:
+    /// a request whose client leaves before then (its future dropped) is counted on drop, so
+    /// that every admitted request is counted exactly once.
+    pub(super) admitted_as: Option<&'r IntCounter>,
     logged: bool,
 }
 
-impl Exchange {
-    pub(super) fn new(method: Method, request_id: RequestId) -> Exchange {
+impl<'r> Exchange<'r> {
+    pub(super) fn new(method: Method, request_id: RequestId) -> Exchange<'r> {
         Exchange {
             started: enabled().then(clock::instant),
             method,
@@ -48,6 +53,7 @@ impl Exchange {
             keys: None,
             upstream: None,
             request_id,
+            admitted_as: None,
             logged: false,
         }
     }
@@ -58,10 +64,13 @@ impl Exchange {
     }
 }
 
-impl Drop for Exchange {
+impl Drop for Exchange<'_> {
     /// A request whose client went away before the answer still gets its line, with nginx's
-    /// 499 ("client closed request").
+    /// 499 ("client closed request"), and its count.
     fn drop(&mut self) {
+        if let Some(counter) = self.admitted_as.take() {
+            counter.inc();
+        }
         if !self.logged {
             if let Ok(status) = StatusCode::from_u16(499) {
                 write(self, status);
@@ -89,7 +98,7 @@ pub(super) fn enabled() -> bool {
     tracing::enabled!(target: "tollgate::access", tracing::Level::INFO)
 }
 
-fn write(exchange: &Exchange, status: StatusCode) {
+fn write(exchange: &Exchange<'_>, status: StatusCode) {
     if !enabled() {
         return;
     }

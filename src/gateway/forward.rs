@@ -24,7 +24,7 @@ impl Gateway {
         routed: &Routed<'_>,
         mut parts: Parts,
         body: OutgoingBody,
-        exchange: &mut Exchange,
+        exchange: &mut Exchange<'_>,
     ) -> Result<Forwarded, Reject> {
         let (scan, connection) = (&routed.scan, routed.connection);
         let upgrade = scan.upgrade && message::is_upgrade(&parts.headers);

@@ -293,6 +293,10 @@ impl<'a> Iterator for Quoted<'a> {
     }
 }
 
+/// The longest line read: an access line holds a path, keys and a few fields, far below this.
+/// A longer one is skipped and counted as a bad line, and never held whole in memory.
+pub(super) const MAX_LINE_BYTES: usize = 1 << 20;
+
 /// Calls `each` with every line of the logs, numbered from 1 per file: `Ok` with a request,
 /// `Err` with why the line is not one. Lines of the log that are not access lines (other log
 /// events) are passed over. Fails only when a file cannot be opened.
@@ -311,6 +315,13 @@ pub fn read_lines(
         let mut number = 0;
         let mut line = |line: &[u8]| {
             number += 1;
+            if line.len() > MAX_LINE_BYTES {
+                each(
+                    number,
+                    Err(format!("longer than {MAX_LINE_BYTES} bytes: skipped")),
+                );
+                return;
+            }
             let line = line.trim_ascii();
             if line.is_empty() {
                 return;
@@ -348,16 +359,23 @@ pub fn read_lines(
                 if split_line.is_empty() {
                     line(&buffer[start..end]);
                 } else {
-                    split_line.extend_from_slice(&buffer[start..end]);
+                    extend_bounded(&mut split_line, &buffer[start..end]);
                     line(&split_line);
                     split_line.clear();
                 }
                 start = end + 1;
             }
-            split_line.extend_from_slice(&buffer[start..]);
+            extend_bounded(&mut split_line, &buffer[start..]);
             let read = buffer.len();
             reader.consume(read);
         }
     }
     Ok(())
+}
+
+/// Appends to a line split between reads, up to one byte past [`MAX_LINE_BYTES`]: enough to
+/// tell it is too long, without holding all of it.
+pub(super) fn extend_bounded(line: &mut Vec<u8>, more: &[u8]) {
+    let room = (MAX_LINE_BYTES + 1).saturating_sub(line.len());
+    line.extend_from_slice(&more[..more.len().min(room)]);
 }

@@ -201,7 +201,7 @@ impl Report {
             self.lines, self.undecided, self.unrouted, self.bad_lines
         );
         for (line, why) in &self.first_bad_lines {
-            let _ = writeln!(out, "  line {line}: {why}");
+            let _ = writeln!(out, "  line {line}: {}", printable(why));
         }
         let _ = writeln!(
             out,
@@ -231,9 +231,36 @@ impl Report {
                 );
             }
             for (key, refusals) in limit.top_keys.iter().take(5) {
-                let _ = writeln!(out, "  {refusals:>6} refused  {key}");
+                let _ = writeln!(out, "  {refusals:>6} refused  {}", printable(key));
             }
         }
         out
+    }
+}
+/// Text from a log as a terminal may show it: control characters (an escape sequence a log
+/// line carried, a carriage return) written as `\u{1b}`, never acted on.
+fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_unicode());
+        } else {
+            shown.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(shown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn control_characters_from_a_log_are_shown_not_acted_on() {
+        assert_eq!(printable("alice"), "alice");
+        assert_eq!(printable("a\u{1b}[2Jb\r"), "a\\u{1b}[2Jb\\u{d}");
     }
 }

@@ -229,3 +229,50 @@ fn a_report_page_holds_a_chart_per_limit_and_escapes_names() {
         "loads nothing"
     );
 }
+
+#[test]
+fn a_line_longer_than_the_bound_is_skipped_and_counted_without_being_held() {
+    use std::io::Write as _;
+    let good = br#"192.0.2.1 - - [02/Dec/2026:12:00:00 +0000] "GET /api/x HTTP/1.1" 200 5 "-" "-""#;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log.gz");
+    let mut gzip = flate2::write::GzEncoder::new(
+        std::fs::File::create(&path).unwrap(),
+        flate2::Compression::fast(),
+    );
+    gzip.write_all(good).unwrap();
+    gzip.write_all(b"\n").unwrap();
+    // 64 MiB of one line: compressed to a few hundred KiB, as an attacker's file would be.
+    let chunk = vec![b'a'; 1 << 20];
+    for _ in 0..64 {
+        gzip.write_all(&chunk).unwrap();
+    }
+    gzip.write_all(b"\n").unwrap();
+    gzip.write_all(good).unwrap();
+    gzip.write_all(b"\n").unwrap();
+    gzip.finish().unwrap();
+
+    let mut seen = Vec::new();
+    read_lines(
+        &[path.display().to_string()],
+        Format::Combined,
+        |number, line| {
+            seen.push((number, line.map(|line| line.path.into_owned())));
+        },
+    )
+    .unwrap();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!(seen[0], (1, Ok("/api/x".to_owned())));
+    assert_eq!(seen[1].0, 2);
+    assert!(seen[1].1.as_ref().is_err_and(|why| why.contains("skipped")));
+    assert_eq!(seen[2], (3, Ok("/api/x".to_owned())));
+}
+
+#[test]
+fn a_split_line_grows_no_further_than_one_byte_past_the_bound() {
+    let mut line = Vec::new();
+    for _ in 0..5 {
+        read::extend_bounded(&mut line, &vec![b'a'; read::MAX_LINE_BYTES / 2]);
+    }
+    assert_eq!(line.len(), read::MAX_LINE_BYTES + 1);
+}

@@ -381,7 +381,10 @@ impl Gateway {
         jwt: &JwtVerifier,
         headers: &HeaderMap,
     ) -> Result<Option<jwt::Claims>, Reject> {
-        let Some(token) = jwt.token(headers) else {
+        let token = jwt
+            .token(headers)
+            .map_err(|error| Reject::BadRequest(error.to_string()))?;
+        let Some(token) = token else {
             return Ok(None);
         };
         match jwt.verify(token, clock::unix_seconds()) {

@@ -36,10 +36,13 @@ pub enum Rejection {
     Algorithm,
     /// The token names a key (`kid`) the key set does not hold, or no key fits it.
     UnknownKey,
+    /// The header lists `crit` extensions, which a verifier that does not understand them must
+    /// refuse (RFC 7515 §4.1.11); tollgate understands none.
+    CriticalExtension,
 }
 
 impl Rejection {
-    pub const ALL: [Rejection; 8] = [
+    pub const ALL: [Rejection; 9] = [
         Rejection::Malformed,
         Rejection::Signature,
         Rejection::Expired,
@@ -48,6 +51,7 @@ impl Rejection {
         Rejection::Audience,
         Rejection::Algorithm,
         Rejection::UnknownKey,
+        Rejection::CriticalExtension,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -60,9 +64,15 @@ impl Rejection {
             Rejection::Audience => "audience",
             Rejection::Algorithm => "algorithm",
             Rejection::UnknownKey => "unknown_key",
+            Rejection::CriticalExtension => "critical_extension",
         }
     }
 }
+
+/// A request that carries the token's header field more than once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the {0} field is sent more than once: which token to trust is ambiguous")]
+pub struct TwoTokenFields(pub http::HeaderName);
 
 /// Where a request carries its token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,6 +149,8 @@ impl std::fmt::Display for JwtVerifier {
 struct TokenHeader {
     alg: String,
     kid: Option<String>,
+    /// Present at all, it names extensions this verifier would have to understand.
+    crit: Option<serde_json::Value>,
 }
 
 impl JwtVerifier {
@@ -201,15 +213,25 @@ impl JwtVerifier {
     }
 
     /// The request's token, if it carries one. A header with another scheme (`Basic …`) carries
-    /// none: it is not this gateway's to judge.
-    pub fn token<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
-        match &self.source {
+    /// none: it is not this gateway's to judge. The token's field twice is an error: the
+    /// upstream might read the other one than the limits did.
+    pub fn token<'h>(&self, headers: &'h HeaderMap) -> Result<Option<&'h str>, TwoTokenFields> {
+        Ok(match &self.source {
             TokenSource::Header(name) => {
-                let value = headers.get(name)?.to_str().ok()?.trim();
+                let mut values = headers.get_all(name).iter();
+                let (Some(value), None) = (values.next(), values.next()) else {
+                    return match headers.contains_key(name) {
+                        true => Err(TwoTokenFields(name.clone())),
+                        false => Ok(None),
+                    };
+                };
+                let Some(value) = value.to_str().ok().map(str::trim) else {
+                    return Ok(None);
+                };
                 let token = match value.split_once(' ') {
                     Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
-                    Some(_) => return None,
-                    None if *name == http::header::AUTHORIZATION => return None,
+                    Some(_) => return Ok(None),
+                    None if *name == http::header::AUTHORIZATION => return Ok(None),
                     None => value,
                 };
                 (!token.is_empty()).then_some(token)
@@ -222,7 +244,7 @@ impl JwtVerifier {
                 .filter_map(|pair| pair.trim().split_once('='))
                 .find(|(cookie, value)| cookie == name && !value.is_empty())
                 .map(|(_, value)| value),
-        }
+        })
     }
 
     /// The token's claims if it checks out at `now` (Unix seconds). A token verified before
@@ -263,6 +285,9 @@ impl JwtVerifier {
             .ok()
             .and_then(|json| serde_json::from_slice(&json).ok())
             .ok_or(Rejection::Malformed)?;
+        if header.crit.is_some() {
+            return Err(Rejection::CriticalExtension);
+        }
         // `none`, and any name jsonwebtoken does not know, is refused before a key is chosen.
         let algorithm = Algorithm::from_str(&header.alg).map_err(|_| Rejection::Algorithm)?;
         let candidates: Vec<&DecodingKey> = match &self.keys {

@@ -193,19 +193,19 @@ fn key_sets_refuse_shared_secrets_and_mismatched_algorithms() {
 fn tokens_are_found_in_bearer_headers_and_cookies() {
     let verifier = rsa_verifier(None, None);
     let mut headers = HeaderMap::new();
-    assert_eq!(verifier.token(&headers), None);
+    assert_eq!(verifier.token(&headers), Ok(None));
     headers.insert("authorization", "Basic dXNlcjpwYXNz".parse().unwrap());
     assert_eq!(
         verifier.token(&headers),
-        None,
+        Ok(None),
         "another scheme carries none"
     );
     headers.insert("authorization", "bearer  abc.def.ghi ".parse().unwrap());
-    assert_eq!(verifier.token(&headers), Some("abc.def.ghi"));
+    assert_eq!(verifier.token(&headers), Ok(Some("abc.def.ghi")));
     headers.insert("authorization", "abc.def.ghi".parse().unwrap());
     assert_eq!(
         verifier.token(&headers),
-        None,
+        Ok(None),
         "Authorization needs its scheme"
     );
     let cookie = JwtVerifier::with_secret(
@@ -216,5 +216,9 @@ fn tokens_are_found_in_bearer_headers_and_cookies() {
         0,
     );
     headers.insert("cookie", "theme=dark; session=abc.def.ghi".parse().unwrap());
-    assert_eq!(cookie.token(&headers), Some("abc.def.ghi"));
+    assert_eq!(cookie.token(&headers), Ok(Some("abc.def.ghi")));
+    // Two Authorization fields: the upstream may read the other one.
+    headers.insert("authorization", "Bearer abc.def.ghi".parse().unwrap());
+    headers.append("authorization", "Bearer jkl.mno.pqr".parse().unwrap());
+    assert!(verifier.token(&headers).is_err());
 }

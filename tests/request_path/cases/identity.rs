@@ -195,8 +195,27 @@ async fn a_token_failing_any_check_is_401_even_where_a_missing_key_is_skipped() 
         let key = jsonwebtoken::EncodingKey::from_rsa_pem(tokens::RSA_PRIVATE.as_bytes()).unwrap();
         jsonwebtoken::encode(&header, &claims("mallory", org.clone()), &key).unwrap()
     };
+    let critical = {
+        // RFC 7515 §4.1.11: an extension the verifier does not understand, marked critical.
+        let header = json!({ "alg": "RS256", "kid": "rsa-1", "crit": ["exp-ext"], "exp-ext": 1 });
+        let b64 = |bytes: &[u8]| {
+            use base64::Engine as _;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+        };
+        let message = format!(
+            "{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims("mallory", org.clone()).to_string().as_bytes())
+        );
+        let key = jsonwebtoken::EncodingKey::from_rsa_pem(tokens::RSA_PRIVATE.as_bytes()).unwrap();
+        let signature =
+            jsonwebtoken::crypto::sign(message.as_bytes(), &key, jsonwebtoken::Algorithm::RS256)
+                .unwrap();
+        format!("{message}.{signature}")
+    };
     let now = tokens::now();
     let refusals = [
+        (critical, "critical_extension"),
         (tampered, "signature"),
         (forged_payload, "signature"),
         (
@@ -239,6 +258,7 @@ async fn a_token_failing_any_check_is_401_even_where_a_missing_key_is_skipped() 
     assert_eq!(upstream.hits.load(std::sync::atomic::Ordering::SeqCst), 0);
     let scrape = identity.gateway.render_metrics();
     for reason in [
+        "critical_extension",
         "malformed",
         "unknown_key",
         "expired",
@@ -263,6 +283,21 @@ async fn a_token_failing_any_check_is_401_even_where_a_missing_key_is_skipped() 
     assert_eq!(identity.client.get("/reports/q3", &basic).await.status, 200);
     let forged = [("authorization", "Bearer not.a.token")];
     assert_eq!(identity.client.get("/elsewhere", &forged).await.status, 200);
+    // Two Authorization fields where a limit reads the token: the upstream might read the
+    // other one, so neither is trusted (400); where no limit reads one, they pass.
+    let two = [
+        ("authorization", bearer(&good)),
+        (
+            "authorization",
+            bearer(&rsa.sign(&claims("mallory", json!({})))),
+        ),
+    ];
+    let two: Vec<(&str, &str)> = two
+        .iter()
+        .map(|(name, value)| (*name, value.as_str()))
+        .collect();
+    assert_eq!(identity.client.get("/reports/q3", &two).await.status, 400);
+    assert_eq!(identity.client.get("/elsewhere", &two).await.status, 200);
     // The good token keys org 7's bucket of two.
     for expected in [200, 200, 429] {
         let reply = identity

@@ -197,7 +197,7 @@ fn routing(c: &mut Criterion) {
                 &policy.routes,
                 None,
                 &Method::GET,
-                black_box("/service49/items/7"),
+                &tollgate::path::MatchPath::exactly(black_box("/service49/items/7")),
             ))
         })
     });

@@ -242,7 +242,8 @@ pub fn client_network(client: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpNet
 fn normalize(value: &str, normalize: Normalize) -> Cow<'_, str> {
     match normalize {
         Normalize::None => value.into(),
-        Normalize::Lowercase => value.to_lowercase().into(),
+        // Surrounding spaces are no part of an account name: " Alice" is alice.
+        Normalize::Lowercase => value.trim().to_lowercase().into(),
         Normalize::Email => value.trim().to_lowercase().into(),
     }
 }

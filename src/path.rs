@@ -19,30 +19,85 @@ pub enum PathMatching {
     Canonical,
     /// The normalized path as it is, for applications that route case-sensitively.
     Strict,
+    /// The canonical path, and a format suffix of its last segment ignored (`/login.json` as
+    /// `/login`), for applications that route them alike (Rails, Phoenix, Django REST).
+    #[serde(rename = "without_format")]
+    WithoutFormat,
+}
+
+/// A request's path as routes compare with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MatchPath<'a> {
+    /// The normalized path, in canonical form unless `[server] path_matching = "strict"`:
+    /// what prefixes match.
+    pub path: Cow<'a, str>,
+    /// How much of it exact paths compare with: all of it, or all but a format suffix with
+    /// `path_matching = "without_format"`.
+    exact_len: usize,
+}
+
+impl<'a> MatchPath<'a> {
+    /// A path that routes compare with as it is.
+    pub fn exactly(path: &'a str) -> MatchPath<'a> {
+        MatchPath {
+            path: Cow::Borrowed(path),
+            exact_len: path.len(),
+        }
+    }
+
+    /// What exact paths compare with.
+    pub fn exact(&self) -> &str {
+        &self.path[..self.exact_len]
+    }
 }
 
 /// What routes are compared with: the normalized path, in canonical form unless `[server]
 /// path_matching = "strict"`.
-pub fn for_matching(normalized: &str, matching: PathMatching) -> Cow<'_, str> {
-    match matching {
-        PathMatching::Canonical => canonical(normalized),
+pub fn for_matching(normalized: &str, matching: PathMatching) -> MatchPath<'_> {
+    let path = match matching {
+        PathMatching::Canonical | PathMatching::WithoutFormat => canonical(normalized),
         PathMatching::Strict => Cow::Borrowed(normalized),
-    }
+    };
+    let exact_len = match matching {
+        PathMatching::WithoutFormat => format_suffix_at(&path).unwrap_or(path.len()),
+        _ => path.len(),
+    };
+    MatchPath { path, exact_len }
+}
+
+/// The path without a format suffix on its last segment: a dot and 1 to 8 ASCII letters or
+/// digits after at least one other character (`/login.json` → `/login`, `/feed.rss2` →
+/// `/feed`; `/.well-known` and `/a/` stay).
+pub fn without_format(path: &str) -> &str {
+    &path[..format_suffix_at(path).unwrap_or(path.len())]
+}
+
+/// Where the format suffix of the last segment starts (its dot), if it has one.
+fn format_suffix_at(path: &str) -> Option<usize> {
+    let last = path.rfind('/').map_or(0, |slash| slash + 1);
+    let dot = last + path[last..].rfind('.')?;
+    let suffix = &path[dot + 1..];
+    let is_format = dot > last
+        && (1..=8).contains(&suffix.len())
+        && suffix.bytes().all(|byte| byte.is_ascii_alphanumeric());
+    is_format.then_some(dot)
 }
 
 /// The form of a normalized path that routes are matched on with `[server] path_matching =
 /// "canonical"`: what common application servers route alike is alike here too. ASCII case
 /// is folded (Express and ASP.NET route `/LOGIN` as `/login`), `;` parameters are removed
 /// from each segment (Tomcat and Spring read `/login;x` and `/login/..;/login` as `/login`),
-/// and `\` (or `%5C`) is a `/` (IIS); the result is normalized again. The upstream still
-/// receives the normalized path.
+/// `\` (or `%5C`) is a `/` and trailing dots of a segment are dropped (IIS and Windows read
+/// `/login.` as `/login`); the result is normalized again. The upstream still receives the
+/// normalized path.
 ///
 /// Cost: one pass over the path when there is nothing to change (the usual case).
 pub fn canonical(normalized: &str) -> Cow<'_, str> {
     let plain = normalized
         .bytes()
         .all(|byte| !byte.is_ascii_uppercase() && byte != b';' && byte != b'\\');
-    if plain {
+    let trailing_dot = normalized.ends_with('.') || normalized.contains("./");
+    if plain && !trailing_dot {
         return Cow::Borrowed(normalized);
     }
     let slashes = normalized.replace('\\', "/").replace("%5C", "/");
@@ -52,7 +107,11 @@ pub fn canonical(normalized: &str) -> Cow<'_, str> {
             folded.push('/');
         }
         let without_parameters = segment.split(';').next().unwrap_or_default();
-        folded.push_str(&without_parameters.to_ascii_lowercase());
+        let without_dots = match without_parameters.trim_end_matches('.') {
+            "" => without_parameters,
+            trimmed => trimmed,
+        };
+        folded.push_str(&without_dots.to_ascii_lowercase());
     }
     Cow::Owned(normalize(&folded).into_owned())
 }
@@ -168,7 +227,7 @@ fn hex_value(byte: u8) -> Option<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::{canonical, normalize, Cow};
+    use super::{canonical, for_matching, normalize, Cow, PathMatching};
     use proptest::prelude::*;
 
     #[test]
@@ -183,6 +242,9 @@ mod tests {
             "/x\\..\\login",
             "/login%5C",
             "/login%5c",
+            "/login.",
+            "/LOGIN..",
+            "/x./../login",
         ] {
             let normalized = normalize(variant);
             let canonical = canonical(&normalized);
@@ -192,7 +254,37 @@ mod tests {
             );
         }
         assert!(matches!(canonical("/api/v1/users"), Cow::Borrowed(_)));
+        assert!(matches!(canonical("/static/app.js"), Cow::Borrowed(_)));
         assert_eq!(canonical("/a;b/c;d"), "/a/c");
+        assert_eq!(canonical("/v1.2/x"), "/v1.2/x", "inner dots stay");
+    }
+
+    #[test]
+    fn without_format_ignores_a_format_suffix_of_the_last_segment_only() {
+        let exact = |path: &str| {
+            for_matching(path, PathMatching::WithoutFormat)
+                .exact()
+                .to_owned()
+        };
+        assert_eq!(exact("/login.json"), "/login");
+        assert_eq!(exact("/Login.XML"), "/login");
+        assert_eq!(exact("/feed.rss2"), "/feed");
+        assert_eq!(exact("/login"), "/login");
+        assert_eq!(exact("/v1.2/users"), "/v1.2/users");
+        assert_eq!(
+            exact("/.well-known"),
+            "/.well-known",
+            "a dot first is no suffix"
+        );
+        assert_eq!(exact("/a.b-c"), "/a.b-c", "a suffix is letters and digits");
+        assert_eq!(exact("/report.longerthan8"), "/report.longerthan8");
+        // Prefixes still see the whole path.
+        let path = for_matching("/api/users.json", PathMatching::WithoutFormat);
+        assert_eq!(path.path, "/api/users.json");
+        assert_eq!(
+            for_matching("/login.json", PathMatching::Canonical).exact(),
+            "/login.json"
+        );
     }
 
     #[test]

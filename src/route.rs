@@ -3,6 +3,7 @@
 use http::Method;
 
 use crate::config::{PathMatch, Route};
+use crate::path::MatchPath;
 
 /// The first route that matches, if any: of the policy's routes or the runtime's.
 ///
@@ -13,25 +14,31 @@ pub fn find<'r, R: AsRef<Route>>(
     routes: &'r [R],
     host: Option<&str>,
     method: &Method,
-    path: &str,
+    path: &MatchPath<'_>,
 ) -> Option<&'r R> {
     routes
         .iter()
         .find(|route| matches(route.as_ref(), host, method, path))
 }
 
-fn matches(route: &Route, host: Option<&str>, method: &Method, path: &str) -> bool {
+fn matches(route: &Route, host: Option<&str>, method: &Method, path: &MatchPath<'_>) -> bool {
     if let Some(expected) = &route.host {
         if host != Some(expected.as_str()) {
             return false;
         }
     }
+    // Methods are case-sensitive (RFC 9110 §9.1), but a route's `methods` must not be
+    // escaped by `post` where it names POST: an application may treat them alike.
     if let Some(methods) = &route.methods {
-        if !methods.contains(method) {
+        let named = |listed: &Method| listed.as_str().eq_ignore_ascii_case(method.as_str());
+        if !methods.iter().any(named) {
             return false;
         }
     }
-    path_matches(&route.match_path, path)
+    match &route.match_path {
+        rule @ PathMatch::Exact(_) => path_matches(rule, path.exact()),
+        rule @ PathMatch::Prefix(_) => path_matches(rule, &path.path),
+    }
 }
 
 /// Exact paths tolerate one trailing slash; prefixes match whole segments only.
@@ -95,7 +102,8 @@ mod tests {
     }
 
     fn route(policy: &Policy, host: Option<&str>, method: Method, path: &str) -> String {
-        let route = find(&policy.routes, host, &method, path).expect("the catch-all matches");
+        let path = MatchPath::exactly(path);
+        let route = find(&policy.routes, host, &method, &path).expect("the catch-all matches");
         route.name.to_string()
     }
 
@@ -124,7 +132,7 @@ mod tests {
     #[test]
     fn no_route_without_a_catch_all() {
         let routes = &policy().routes[..1];
-        assert!(find(routes, None, &Method::GET, "/").is_none());
+        assert!(find(routes, None, &Method::GET, &MatchPath::exactly("/")).is_none());
     }
 
     #[test]

@@ -185,19 +185,28 @@ fn positive_cost(cost: &Spanned<f64>, key: &str, errors: &mut Errors<'_>) -> f64
 
 /// What a route's path is matched as: in canonical form, unless matching is strict.
 fn match_path(path: &PathMatch, matching: PathMatching) -> PathMatch {
-    let canonical = |text: &str| {
+    // A prefix is matched canonically (segment by segment), never without its format.
+    let prefix_matching = match matching {
+        PathMatching::WithoutFormat => PathMatching::Canonical,
+        other => other,
+    };
+    let canonical = |text: &str, matching: PathMatching| {
         if matching == PathMatching::Strict {
             return text.to_owned();
         }
         let canonical = path::canonical(text);
+        let canonical = match matching {
+            PathMatching::WithoutFormat => path::without_format(&canonical),
+            _ => &canonical,
+        };
         match canonical.trim_end_matches('/') {
             "" => "/".to_owned(),
             trimmed => trimmed.to_owned(),
         }
     };
     match path {
-        PathMatch::Exact(text) => PathMatch::Exact(canonical(text)),
-        PathMatch::Prefix(text) => PathMatch::Prefix(canonical(text)),
+        PathMatch::Exact(text) => PathMatch::Exact(canonical(text, matching)),
+        PathMatch::Prefix(text) => PathMatch::Prefix(canonical(text, prefix_matching)),
     }
 }
 

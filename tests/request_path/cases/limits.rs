@@ -690,3 +690,74 @@ async fn forwarding_headers_from_many_peers_while_trusting_hops_are_warned_about
         assert_eq!(warned(&gateway), expected, "after {} peers", peer - 1);
     }
 }
+
+/// A login route whose account limit admits one request per account; what else the gateway
+/// serves goes to a catch-all route without limits.
+const ONE_LOGIN: &str = r#"
+[server]
+listen = ["127.0.0.1:0"]
+{matching}
+
+[upstreams.app]
+url = "http://{upstream}"
+
+[limits.per_account]
+key = { json_field = "email" }
+normalize = "lowercase"
+capacity = 1
+rate = "1/h"
+
+[[routes]]
+name = "login"
+methods = ["POST"]
+path = "/login"
+upstream = "app"
+limits = ["per_account"]
+
+[[routes]]
+name = "rest"
+path_prefix = "/"
+upstream = "app"
+"#;
+
+async fn login(client: &HttpClient, method: &str, path: &str, email: &str) -> u16 {
+    let body = format!(r#"{{"email":"{email}"}}"#);
+    let headers = [("content-type", "application/json")];
+    client
+        .send(method, path, &headers, bytes::Bytes::from(body))
+        .await
+        .status
+        .as_u16()
+}
+
+#[tokio::test]
+async fn variants_an_application_treats_as_the_login_meet_its_limit() {
+    let upstream = start_upstream().await;
+    let policy = ONE_LOGIN.replace("{matching}", "");
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    assert_eq!(login(&client, "POST", "/login", "alice").await, 200);
+    // IIS routes `/login.` as `/login`; spaces around an account name are no part of it.
+    assert_eq!(login(&client, "POST", "/login.", " Alice ").await, 429);
+    // A lower-case method is another method (RFC 9110), but must not escape the route.
+    assert_eq!(login(&client, "post", "/login", "bob").await, 200);
+    assert_eq!(login(&client, "POST", "/login", "bob").await, 429);
+    // Without `path_matching = "without_format"`, `/login.json` is another path.
+    assert_eq!(login(&client, "POST", "/login.json", "alice").await, 200);
+}
+
+#[tokio::test]
+async fn without_format_a_format_suffix_meets_the_same_route() {
+    let upstream = start_upstream().await;
+    let matching = "path_matching = \"without_format\"";
+    let policy = ONE_LOGIN.replace("{matching}", matching);
+    let gateway = start_gateway_on(HTTP1, &policy, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    assert_eq!(login(&client, "POST", "/login.json", "carol").await, 200);
+    assert_eq!(login(&client, "POST", "/login", "carol").await, 429);
+    assert_eq!(login(&client, "POST", "/Login.XML", "carol").await, 429);
+    // A prefix route still sees the whole path; the upstream gets it unchanged.
+    let reply = client.get("/assets/app.js", &[]).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["uri"], "/assets/app.js");
+}

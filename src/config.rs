@@ -16,7 +16,7 @@ use http::{Method, Uri};
 use ipnet::IpNet;
 
 pub use raw::{
-    Backend, HeaderMode, Http1Path, KeySource, Missing, Mode, Normalize, StoreFailurePolicy,
+    Backend, HeaderMode, Http1Path, KeySource, Missing, Mode, Normalize, Reuse, StoreFailurePolicy,
 };
 pub use units::Rate;
 
@@ -155,6 +155,7 @@ pub struct Upstream {
     pub timeout: Duration,
     /// Roots for `https://` targets; `None`: the system's.
     pub ca_file: Option<PathBuf>,
+    pub reuse: Reuse,
 }
 
 /// One address of an upstream: where requests go, and the path they are put under.

@@ -68,6 +68,9 @@ pub enum RequestBody {
 /// What the gateway knows of the connection a request came on.
 #[derive(Debug, Clone)]
 pub struct Connection {
+    /// Unique to the connection in this process: what `reuse = "per_client"` keeps upstream
+    /// connections for.
+    pub id: u64,
     pub peer: IpAddr,
     /// The peer as an `X-Forwarded-For` entry, rendered once per connection.
     pub peer_header: HeaderValue,
@@ -77,8 +80,10 @@ pub struct Connection {
 
 impl Connection {
     pub fn new(peer: IpAddr, proto: &'static str) -> Connection {
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let peer = peer.to_canonical();
         Connection {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             peer,
             peer_header: upstream::peer_header(peer),
             proto,

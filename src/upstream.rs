@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use watched_body::WatchedBody;
 
 use crate::body::Body;
-use crate::config::{Upstream, UpstreamTarget};
+use crate::config::{Reuse, Upstream, UpstreamTarget};
 use crate::limit::clock;
 use crate::tls;
 use crate::wire::message::response_head_too_large;
@@ -51,6 +51,10 @@ pub enum ForwardError {
     #[error("the request body could not be read")]
     ClientBody,
 }
+
+/// Whom an idle upstream connection is kept for: 0 for any client (`reuse = "shared"`), else
+/// the client connection whose requests alone it carries (`reuse = "per_client"`).
+pub(crate) type Owner = u64;
 
 /// Why an upstream's client could not be set up (at start or reload): the policy's to mend.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +102,7 @@ enum Outgoing<'a> {
 struct Target<'p> {
     index: usize,
     path: &'p str,
+    owner: Owner,
 }
 
 impl Outgoing<'_> {
@@ -189,8 +194,13 @@ impl UpstreamPool {
         path: &str,
         body: OutgoingBody,
         sent: Instant,
+        client: u64,
     ) -> Result<Response<Body>, ForwardError> {
         let deadline = tokio::time::Instant::from_std(sent + self.settings.timeout);
+        let owner = match self.settings.reuse {
+            Reuse::Shared => 0,
+            Reuse::PerClient => client,
+        };
         let mut outgoing = match body {
             OutgoingBody::Buffered(bytes)
                 if bytes.len() <= OWN_CLIENT_MAX_BODY
@@ -215,7 +225,7 @@ impl UpstreamPool {
                 }
             }
         };
-        let response = self.exchange(&mut outgoing, path, deadline).await;
+        let response = self.exchange(&mut outgoing, path, deadline, owner).await;
         if let Outgoing::Own { request, .. } = outgoing {
             // Written out: the map can hold another request's head.
             crate::wire::header_maps::give_back(request.headers);
@@ -231,6 +241,7 @@ impl UpstreamPool {
         outgoing: &mut Outgoing<'_>,
         path: &str,
         deadline: tokio::time::Instant,
+        owner: Owner,
     ) -> Result<Response<Body>, ForwardError> {
         let order = self.order();
         // Spelled out only when no target answers: not an allocation per request.
@@ -240,6 +251,7 @@ impl UpstreamPool {
             let target = Target {
                 index: *index,
                 path,
+                owner,
             };
             let result = match outgoing {
                 Outgoing::Own {
@@ -285,7 +297,7 @@ impl UpstreamPool {
     /// One attempt on the gateway's own client; the request stays whole for the next.
     async fn send_own(
         &self,
-        Target { index, path }: Target<'_>,
+        Target { index, path, owner }: Target<'_>,
         request: &http::request::Parts,
         forwarding: &Forwarding<'_>,
         body: &Bytes,
@@ -308,7 +320,9 @@ impl UpstreamPool {
             forwarding,
             body,
         };
-        self.pools[index].send_buffered(&outgoing, deadline).await
+        self.pools[index]
+            .send_buffered(&outgoing, deadline, owner)
+            .await
     }
 
     /// One attempt on hyper's client, for streamed bodies and protocol switches. The body
@@ -316,7 +330,7 @@ impl UpstreamPool {
     /// (the request head is copied only then).
     async fn send_with_hyper(
         &self,
-        Target { index, path }: Target<'_>,
+        Target { index, path, owner }: Target<'_>,
         request: &mut http::request::Parts,
         body: &mut Option<OutgoingBody>,
         query: &Option<String>,
@@ -360,7 +374,7 @@ impl UpstreamPool {
             }
         }
         let sent = self.pools[index]
-            .send(Request::from_parts(parts, outgoing_body))
+            .send(Request::from_parts(parts, outgoing_body), owner)
             .await;
         match sent {
             Ok(response) if response_head_too_large(response.headers()) => {

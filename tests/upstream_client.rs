@@ -109,6 +109,24 @@ fn script(path: &str) -> (Vec<u8>, Then) {
             Then::SendLate(LATE_RESPONSE),
         ),
         "/garbage" => answer("SSH-2.0-OpenSSH_9.6\r\n\r\n", Then::Close),
+        // Answers without a body that announce one: a buggy upstream may send it later.
+        "/204-with-length" => answer(
+            "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",
+            Then::KeepOpen,
+        ),
+        "/304-chunked" => answer(
+            "HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Then::KeepOpen,
+        ),
+        // A 1xx nobody asked for, then the answer.
+        "/processing" => answer(
+            "HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            Then::KeepOpen,
+        ),
+        "/switch-unasked" => answer(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+            Then::KeepOpen,
+        ),
         // RFC 9112 §6.1: an HTTP/1.0 message cannot be chunked; its framing is faulty.
         "/http10-chunked" => answer(
             "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
@@ -159,8 +177,8 @@ async fn start_scripted_upstream() -> ScriptedUpstream {
     let (counter, log) = (connections.clone(), requests.clone());
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            counter.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(serve_scripted(stream, log.clone()));
+            let number = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::spawn(serve_scripted(stream, number, log.clone()));
         }
     });
     ScriptedUpstream {
@@ -170,7 +188,8 @@ async fn start_scripted_upstream() -> ScriptedUpstream {
     }
 }
 
-async fn serve_scripted(mut stream: TcpStream, log: Arc<Mutex<Vec<String>>>) {
+/// Serves connection `number` (from 1): `/which` answers with that number.
+async fn serve_scripted(mut stream: TcpStream, number: usize, log: Arc<Mutex<Vec<String>>>) {
     let mut buffer = Vec::new();
     let mut drop_next = false;
     loop {
@@ -184,7 +203,17 @@ async fn serve_scripted(mut stream: TcpStream, log: Arc<Mutex<Vec<String>>>) {
         if drop_next {
             return;
         }
-        let (answer, then) = script(&path);
+        let (answer, then) = match path.as_str() {
+            "/which" => (
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{number}",
+                    number.to_string().len()
+                )
+                .into_bytes(),
+                Then::KeepOpen,
+            ),
+            _ => script(&path),
+        };
         if stream.write_all(&answer).await.is_err() {
             return;
         }
@@ -286,8 +315,8 @@ async fn informational_responses_are_skipped_and_head_responses_have_no_body() {
     assert_eq!(reply.body, "ok");
     assert_eq!(
         upstream.connections.load(Ordering::SeqCst),
-        1,
-        "one connection served all three"
+        2,
+        "one connection served the 103 and the HEAD, whose Content-Length ends its reuse"
     );
 }
 
@@ -451,4 +480,115 @@ async fn faulty_framing_and_huge_heads_are_502_on_both_clients() {
             );
         }
     }
+}
+
+/// Sends `path` on a new client connection: bodyless on the own client, or with a body that
+/// streams (hyper's client).
+async fn one_request(gateway: &tollgate::Tollgate, path: &str, streamed: bool) -> Reply {
+    let client = HttpClient::new(gateway.addresses[0]);
+    if streamed {
+        // A body on a route that reads none streams through hyper's client.
+        client.post(path, &[], "streamed").await
+    } else {
+        client.get(path, &[]).await
+    }
+}
+
+#[tokio::test]
+async fn a_connection_whose_answer_was_suspect_carries_no_other_request() {
+    for streamed in [false, true] {
+        for (path, status) in [
+            ("/204-with-length", 204),
+            ("/304-chunked", 304),
+            ("/processing", 200),
+        ] {
+            let upstream = start_scripted_upstream().await;
+            let gateway = start_gateway(POLICY, upstream.address).await;
+            let first = one_request(&gateway, path, streamed).await;
+            assert_eq!(
+                first.status.as_u16(),
+                status,
+                "{path}, streamed: {streamed}"
+            );
+            let other = one_request(&gateway, "/ok", streamed).await;
+            assert_eq!(other.body, "ok");
+            if (path, streamed) == ("/processing", true) {
+                continue; // hyper's client hides the 1xx: nothing to go by.
+            }
+            assert_eq!(
+                upstream.connections.load(Ordering::SeqCst),
+                2,
+                "{path}, streamed: {streamed}: the suspect connection was reused"
+            );
+        }
+    }
+    // The plain case still reuses: the rule is not a blanket.
+    let upstream = start_scripted_upstream().await;
+    let gateway = start_gateway(POLICY, upstream.address).await;
+    one_request(&gateway, "/ok", false).await;
+    one_request(&gateway, "/ok", false).await;
+    assert_eq!(upstream.connections.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_unasked_101_on_a_reused_connection_is_a_502_sent_once() {
+    for streamed in [false, true] {
+        let upstream = start_scripted_upstream().await;
+        let gateway = start_gateway(POLICY, upstream.address).await;
+        assert_eq!(one_request(&gateway, "/ok", streamed).await.body, "ok");
+        let reply = one_request(&gateway, "/switch-unasked", streamed).await;
+        assert_eq!(reply.status, 502, "streamed: {streamed}");
+        let sent = upstream
+            .requests
+            .lock()
+            .iter()
+            .filter(|request| request.contains("/switch-unasked"))
+            .count();
+        assert_eq!(
+            sent, 1,
+            "streamed: {streamed}: the upstream saw it {sent} times"
+        );
+    }
+}
+
+#[tokio::test]
+async fn per_client_reuse_keeps_each_upstream_connection_to_one_client() {
+    let policy = POLICY.replace(
+        "timeout = \"5s\"",
+        "timeout = \"5s\"\nreuse = \"per_client\"",
+    );
+    for streamed in [false, true] {
+        let upstream = start_scripted_upstream().await;
+        let gateway = start_gateway(&policy, upstream.address).await;
+        let (alice, bob) = (
+            HttpClient::new(gateway.addresses[0]),
+            HttpClient::new(gateway.addresses[0]),
+        );
+        let which = |client: &HttpClient| {
+            let client = client.clone();
+            async move {
+                let reply = if streamed {
+                    client.post("/which", &[], "x").await
+                } else {
+                    client.get("/which", &[]).await
+                };
+                String::from_utf8(reply.body.to_vec()).unwrap()
+            }
+        };
+        let first = which(&alice).await;
+        let second = which(&bob).await;
+        assert_ne!(
+            first, second,
+            "streamed: {streamed}: bob got alice's connection"
+        );
+        assert_eq!(which(&alice).await, first, "alice keeps hers");
+        assert_eq!(which(&bob).await, second, "bob keeps his");
+        assert_eq!(upstream.connections.load(Ordering::SeqCst), 2);
+    }
+    // Shared, the one idle connection serves both.
+    let upstream = start_scripted_upstream().await;
+    let gateway = start_gateway(POLICY, upstream.address).await;
+    let first = one_request(&gateway, "/which", false).await;
+    let second = one_request(&gateway, "/which", false).await;
+    assert_eq!(first.body, second.body);
 }

@@ -171,6 +171,20 @@ pub struct RawUpstream {
     pub connect_timeout: Option<HumanDuration>,
     pub timeout: Option<HumanDuration>,
     pub ca_file: Option<String>,
+    pub reuse: Option<Reuse>,
+}
+
+/// Which requests an idle upstream connection may carry next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reuse {
+    /// Any client's.
+    #[default]
+    Shared,
+    /// Only those of the client connection whose requests it carried (HAProxy's
+    /// `http-reuse safe`): bytes a buggy upstream sends after a response can answer no other
+    /// client.
+    PerClient,
 }
 
 #[derive(Debug, Deserialize)]

@@ -77,7 +77,7 @@ impl Gateway {
         };
         let result = route
             .upstream
-            .send(parts, forwarding, path, body, sent)
+            .send(parts, forwarding, path, body, sent, connection.id)
             .await;
         let elapsed = clock::elapsed(sent);
         exchange.upstream = Some(elapsed);

@@ -24,9 +24,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::http1::{self, IdleConnections, Stream};
-use super::UpstreamSetupError;
+use super::{Owner, UpstreamSetupError};
 use crate::body::Body;
-use crate::wire::message::MAX_RESPONSE_HEAD_BYTES;
+use crate::wire::message::{may_reuse_after, MAX_RESPONSE_HEAD_BYTES};
 
 /// Idle connections kept per upstream address.
 const MAX_IDLE: usize = 256;
@@ -92,7 +92,8 @@ pub(crate) struct ConnectionPool {
     /// The scheme and authority of HTTP/2 requests to this target.
     scheme: Scheme,
     authority: Authority,
-    idle: Mutex<Vec<SendRequest<Body>>>,
+    /// Idle HTTP/1.1 connections of hyper's client, each with the client it is kept for.
+    idle: Mutex<Vec<(Owner, SendRequest<Body>)>>,
     /// The HTTP/2 connection every request shares (multiplexed), once opened.
     http2: Mutex<Option<http2::SendRequest<Body>>>,
     idle_own: Arc<IdleConnections>,
@@ -172,10 +173,11 @@ impl ConnectionPool {
         &self,
         request: &http1::OutgoingRequest<'_>,
         deadline: tokio::time::Instant,
+        owner: Owner,
     ) -> Result<Response<Body>, PoolError> {
         let method = request.method;
-        if let Some(connection) = self.idle_own.checkout() {
-            match http1::exchange(connection, request, &self.idle_own, deadline).await {
+        if let Some(connection) = self.idle_own.checkout(owner) {
+            match http1::exchange(connection, request, &self.idle_own, deadline, owner).await {
                 Ok(response) => return Ok(response),
                 Err(failure)
                     if failure.unanswered && !failure.timed_out && method.is_idempotent() =>
@@ -196,7 +198,7 @@ impl ConnectionPool {
             ));
         }
         let connection = http1::Connection::new(stream);
-        http1::exchange(connection, request, &self.idle_own, deadline)
+        http1::exchange(connection, request, &self.idle_own, deadline, owner)
             .await
             .map_err(PoolError::from)
     }
@@ -207,14 +209,16 @@ impl ConnectionPool {
     pub(crate) async fn send(
         &self,
         request: Request<Body>,
+        owner: Owner,
     ) -> Result<Response<Incoming>, PoolError> {
         if self.speaks.load(Ordering::Relaxed) == HTTP2 {
             return self.send_http2(request, None).await;
         }
-        let request = match self.checkout() {
+        let method = request.method().clone();
+        let request = match self.checkout(owner) {
             Some(mut sender) => match sender.try_send_request(request).await {
                 Ok(response) => {
-                    self.checkin(sender);
+                    self.checkin_after(sender, owner, &method, &response);
                     return Ok(response);
                 }
                 Err(mut error) => match error.take_message() {
@@ -235,7 +239,7 @@ impl ConnectionPool {
             .send_request(request)
             .await
             .map_err(|error| PoolError::Exchange(error.to_string()))?;
-        self.checkin(sender);
+        self.checkin_after(sender, owner, &method, &response);
         Ok(response)
     }
 
@@ -274,28 +278,40 @@ impl ConnectionPool {
             .map_err(|error| PoolError::Exchange(error.to_string()))
     }
 
-    fn checkout(&self) -> Option<SendRequest<Body>> {
+    /// The warmest ready connection kept for `owner`.
+    fn checkout(&self, owner: Owner) -> Option<SendRequest<Body>> {
         let mut idle = self.idle.lock();
-        // Connections still streaming a response body are kept for later.
-        let mut busy: SmallVec<[SendRequest<Body>; 8]> = SmallVec::new();
+        // Connections still streaming a response body, or kept for other clients, stay.
+        let mut passed: SmallVec<[(Owner, SendRequest<Body>); 8]> = SmallVec::new();
         let mut found = None;
-        while let Some(sender) = idle.pop() {
-            if sender.is_ready() {
+        while let Some((kept_for, sender)) = idle.pop() {
+            if kept_for == owner && sender.is_ready() {
                 found = Some(sender);
                 break;
             }
             if !sender.is_closed() {
-                busy.push(sender);
+                passed.push((kept_for, sender));
             }
         }
-        idle.extend(busy.into_iter().rev());
+        idle.extend(passed.into_iter().rev());
         found
     }
 
-    fn checkin(&self, sender: SendRequest<Body>) {
+    /// Keeps the connection for the next request of `owner`, unless the response leaves it
+    /// suspect (`message::may_reuse_after`): then it closes once the response body ends.
+    fn checkin_after(
+        &self,
+        sender: SendRequest<Body>,
+        owner: Owner,
+        method: &http::Method,
+        response: &Response<Incoming>,
+    ) {
+        if !may_reuse_after(method, response.status(), response.headers()) {
+            return;
+        }
         let mut idle = self.idle.lock();
         if idle.len() < MAX_IDLE {
-            idle.push(sender);
+            idle.push((owner, sender));
         }
     }
 

@@ -16,7 +16,7 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap};
-use http::{Method, Response};
+use http::{Method, Response, StatusCode};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
@@ -24,6 +24,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::client::TlsStream;
 
 use super::Forwarding;
+use super::Owner;
 use crate::body::Body;
 use crate::wire::header_names::KnownNames;
 use crate::wire::message::MAX_RESPONSE_HEAD_BYTES;
@@ -141,7 +142,7 @@ impl Connection {
 
 /// The idle connections of one upstream address, the most recently used last.
 pub(crate) struct IdleConnections {
-    list: Mutex<Vec<Connection>>,
+    list: Mutex<Vec<(Owner, Connection)>>,
     max: usize,
 }
 
@@ -153,10 +154,11 @@ impl IdleConnections {
         }
     }
 
-    /// The warmest idle connection that the upstream has not closed.
-    pub(crate) fn checkout(&self) -> Option<Connection> {
+    /// The warmest idle connection kept for `owner` that the upstream has not closed.
+    pub(crate) fn checkout(&self, owner: Owner) -> Option<Connection> {
         let mut list = self.list.lock();
-        while let Some(connection) = list.pop() {
+        while let Some(at) = list.iter().rposition(|(kept_for, _)| *kept_for == owner) {
+            let (_, connection) = list.remove(at);
             if !connection.is_stale() {
                 return Some(connection);
             }
@@ -167,19 +169,20 @@ impl IdleConnections {
     /// Keeps a connection whose message ended cleanly (its caller checked that nothing of it
     /// is left in the buffer), unless the upstream has already sent more: bytes nobody asked
     /// for would be read as the next request's response.
-    fn checkin(&self, connection: Connection) {
+    fn checkin(&self, connection: Connection, owner: Owner) {
         if connection.is_stale() {
             return;
         }
         let mut list = self.list.lock();
         // The oldest one is checked in passing, so that connections the upstream closed while
-        // traffic was light do not linger until they are reached.
-        if list.first().is_some_and(Connection::is_stale) {
+        // traffic was light (or kept for a client that left) do not linger until reached.
+        if list.first().is_some_and(|(_, oldest)| oldest.is_stale()) {
             list.remove(0);
         }
-        if list.len() < self.max {
-            list.push(connection);
+        if list.len() >= self.max {
+            list.remove(0);
         }
+        list.push((owner, connection));
     }
 }
 
@@ -260,6 +263,7 @@ pub(crate) async fn exchange(
     request: &OutgoingRequest<'_>,
     idle: &Arc<IdleConnections>,
     deadline: Instant,
+    owner: Owner,
 ) -> Result<Response<Body>, Failure> {
     connection.buffer.clear();
     request.encode(&mut connection.buffer);
@@ -295,7 +299,7 @@ pub(crate) async fn exchange(
     };
     if let Some(body) = complete {
         if head.keep_alive && connection.buffer.is_empty() {
-            idle.checkin(connection);
+            idle.checkin(connection, owner);
         }
         return Ok(response.map(|()| Body::full(body)));
     }
@@ -304,6 +308,7 @@ pub(crate) async fn exchange(
         decoder: Decoder::new(head.framing),
         keep_alive: head.keep_alive,
         idle: idle.clone(),
+        owner,
     };
     Ok(response.map(|()| Body::boxed(body)))
 }
@@ -324,13 +329,22 @@ async fn send_and_read_head(
         return Err(Failure::new(true, format!("sending the request: {error}")));
     }
     buffer.clear();
+    // A 1xx nobody asked for (other than 100 Continue and 103 Early Hints) says the upstream
+    // does not read requests as the gateway writes them: its connection is not used again.
+    let mut unasked_informational = false;
     loop {
         match parse_head(buffer, names, method) {
-            Ok(Some(head)) => {
-                if head.status.is_informational() {
-                    // 100 Continue, 103 Early Hints: the final answer follows.
-                    continue;
-                }
+            Ok(Some(head)) if head.status == StatusCode::SWITCHING_PROTOCOLS => {
+                // No request of this client asks for an upgrade: never skipped like a 1xx
+                // (then a resent request would reach the upstream twice).
+                return Err(Failure::new(false, "101 Switching Protocols, unasked"));
+            }
+            Ok(Some(head)) if head.status.is_informational() => {
+                unasked_informational |= !matches!(head.status.as_u16(), 100 | 103);
+                continue;
+            }
+            Ok(Some(mut head)) => {
+                head.keep_alive &= !unasked_informational;
                 return Ok(head);
             }
             Ok(None) => {}

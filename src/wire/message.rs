@@ -4,7 +4,7 @@
 //! of hyper's messages all call these, so a rule changes in one place.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::StatusCode;
+use http::{Method, StatusCode};
 
 /// Request head fields at most (hyper's default; beyond it hyper answers 431, and so does the
 /// own path by handing the head to hyper).
@@ -175,6 +175,27 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// Whether the connection a response came on may carry another request, as far as the
+/// response tells: not after `Connection: close`, nor after a message whose framing is
+/// suspect — an answer that has no body (a 204, a 304, one to HEAD) yet announces one with
+/// `Transfer-Encoding` or a `Content-Length` other than 0. A buggy upstream may send the body
+/// it announced, and those bytes would answer the next request on the connection: another
+/// client's. Both upstream clients ask this.
+pub(crate) fn may_reuse_after(method: &Method, status: StatusCode, headers: &HeaderMap) -> bool {
+    if header_tokens(headers, header::CONNECTION).any(|token| token.eq_ignore_ascii_case("close")) {
+        return false;
+    }
+    if *method != Method::HEAD && !is_bodyless(status) {
+        return true;
+    }
+    let announces_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get_all(header::CONTENT_LENGTH)
+            .iter()
+            .any(|length| length.as_bytes().trim_ascii() != b"0");
+    !announces_body
+}
+
 /// Drops request fields whose names have an underscore (nginx's `underscores_in_headers off`):
 /// CGI and WSGI servers read `X_User_Id` as `X-User-Id`, so a client could pass a field that
 /// the gateway never saw as the one it checked. Framing fields in disguise are dropped by
@@ -290,6 +311,33 @@ mod tests {
         remove_hop_by_hop(&mut headers, false);
         let names: Vec<&str> = headers.keys().map(|name| name.as_str()).collect();
         assert_eq!(names, ["x_user_id"]);
+    }
+
+    #[test]
+    fn a_bodyless_answer_that_announces_a_body_ends_the_connection() {
+        let reuse = |method: Method, status: u16, pairs: &[(&'static str, &'static str)]| {
+            may_reuse_after(
+                &method,
+                StatusCode::from_u16(status).unwrap(),
+                &fields(pairs),
+            )
+        };
+        assert!(reuse(Method::GET, 200, &[("content-length", "5")]));
+        assert!(reuse(Method::GET, 204, &[]));
+        assert!(reuse(Method::GET, 304, &[("content-length", "0")]));
+        assert!(reuse(Method::HEAD, 200, &[]));
+        assert!(!reuse(Method::GET, 204, &[("content-length", "5")]));
+        assert!(!reuse(
+            Method::GET,
+            304,
+            &[("transfer-encoding", "chunked")]
+        ));
+        assert!(!reuse(Method::HEAD, 200, &[("content-length", "100")]));
+        assert!(!reuse(
+            Method::GET,
+            200,
+            &[("connection", "keep-alive, Close")]
+        ));
     }
 
     #[test]

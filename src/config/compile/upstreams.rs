@@ -74,6 +74,7 @@ pub(super) fn compile_upstream(
         connect_timeout,
         timeout,
         ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
+        reuse: raw.reuse.unwrap_or_default(),
     })
 }
 

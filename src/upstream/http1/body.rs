@@ -1,6 +1,7 @@
 //! Response bodies from an upstream: decoded by their framing as the bytes arrive, and read
 //! from the connection as the client takes them.
 
+use crate::upstream::Owner;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -163,13 +164,14 @@ pub(super) struct StreamingBody {
     pub(super) decoder: Decoder,
     pub(super) keep_alive: bool,
     pub(super) idle: Arc<IdleConnections>,
+    pub(super) owner: Owner,
 }
 
 impl StreamingBody {
     fn finish(&mut self) {
         if let Some(connection) = self.connection.take() {
             if self.keep_alive && connection.buffer.is_empty() {
-                self.idle.checkin(connection);
+                self.idle.checkin(connection, self.owner);
             }
         }
     }

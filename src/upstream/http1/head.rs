@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 use super::body::Framing;
 use crate::wire::header_names::KnownNames;
 use crate::wire::message::{
-    header_tokens, is_bodyless, MAX_RESPONSE_FIELDS, MAX_RESPONSE_HEAD_BYTES,
+    header_tokens, is_bodyless, may_reuse_after, MAX_RESPONSE_FIELDS, MAX_RESPONSE_HEAD_BYTES,
 };
 
 /// A parsed response head and what it says about the body and the connection.
@@ -122,7 +122,7 @@ pub(super) fn framing<'v>(
 ) -> Result<(Framing, bool), String> {
     let mut content_lengths = content_lengths.peekable();
     if *method == Method::HEAD || is_bodyless(status) {
-        return Ok((Framing::Empty, true));
+        return Ok((Framing::Empty, may_reuse_after(method, status, headers)));
     }
     if transfer_encoding && version == Version::HTTP_10 {
         // RFC 9112 §6.1: its framing is faulty; refused, as hyper's client refuses it.

@@ -212,6 +212,11 @@ mod tests {
                 "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
                 &Method::HEAD
             ),
+            (Framing::Empty, false),
+            "no body, but one announced: the connection ends with it (stray bytes)"
+        );
+        assert_eq!(
+            framing_of("HTTP/1.1 200 OK\r\n\r\n", &Method::HEAD),
             (Framing::Empty, true)
         );
         assert_eq!(
@@ -219,6 +224,10 @@ mod tests {
                 "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
                 &Method::GET
             ),
+            (Framing::Empty, false)
+        );
+        assert_eq!(
+            framing_of("HTTP/1.1 304 Not Modified\r\n\r\n", &Method::GET),
             (Framing::Empty, true)
         );
         assert_eq!(

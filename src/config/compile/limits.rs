@@ -70,28 +70,7 @@ pub(super) fn compile_limit(
             "a calendar quota takes no adaptive penalty or charge_on_status: it counts requests per period; put those on a token bucket beside it",
         );
     }
-    let sources = match raw.key.get_ref() {
-        RawKey::One(source) => vec![source.clone()],
-        RawKey::Composite(sources) => sources.clone(),
-    };
-    if sources.len() > 1 && sources.contains(&KeySource::Global) {
-        errors.at(
-            Some(raw.key.span()),
-            format!("{key}.key"),
-            "\"global\" cannot be part of a composite key: it is one bucket for everyone",
-        );
-    }
-    let key_sources: Vec<KeySource> = sources
-        .into_iter()
-        .filter(|source| *source != KeySource::Global)
-        .collect();
-    if !jwt_configured
-        && key_sources
-            .iter()
-            .any(|source| matches!(source, KeySource::JwtClaim(_)))
-    {
-        errors.at(Some(raw.key.span()), format!("{key}.key"), NEEDS_JWT);
-    }
+    let key_sources = compile_key_sources(&raw.key, &key, jwt_configured, errors);
     let tier = raw
         .tier
         .map(|tier| compile_tier_source(tier, &key, raw.trust_header, jwt_configured, errors));
@@ -109,32 +88,9 @@ pub(super) fn compile_limit(
             "tier (where a request's tier comes from) and [limits.NAME.tiers] (the numbers of each tier) go together",
         );
     }
-    let exempt = raw
-        .exempt
-        .as_ref()
-        .map(|exempt| {
-            networks(
-                exempt.get_ref(),
-                &format!("{key}.exempt"),
-                exempt.span(),
-                errors,
-            )
-        })
-        .unwrap_or_default();
-    let ipv4_prefix = prefix_length(
-        raw.ipv4_prefix.as_ref(),
-        32,
-        client_ip.ipv4_prefix,
-        &format!("{key}.ipv4_prefix"),
-        errors,
-    );
-    let ipv6_prefix = prefix_length(
-        raw.ipv6_prefix.as_ref(),
-        128,
-        client_ip.ipv6_prefix,
-        &format!("{key}.ipv6_prefix"),
-        errors,
-    );
+    let prefixes = (raw.ipv4_prefix.as_ref(), raw.ipv6_prefix.as_ref());
+    let (exempt, ipv4_prefix, ipv6_prefix) =
+        compile_networks(raw.exempt.as_ref(), prefixes, &key, client_ip, errors);
     let normalize = raw.normalize.unwrap_or_default();
     let fingerprint = fingerprint(&[
         &format!("{key_sources:?}"),
@@ -173,6 +129,75 @@ pub(super) fn compile_limit(
         max_delay,
         lease,
     })
+}
+
+/// What a limit is keyed by: its sources in order (`global` is none), each one that needs a
+/// verified token only where `[auth.jwt]` is configured.
+fn compile_key_sources(
+    raw_key: &Spanned<RawKey>,
+    key: &str,
+    jwt_configured: bool,
+    errors: &mut Errors<'_>,
+) -> Vec<KeySource> {
+    let sources = match raw_key.get_ref() {
+        RawKey::One(source) => vec![source.clone()],
+        RawKey::Composite(sources) => sources.clone(),
+    };
+    if sources.len() > 1 && sources.contains(&KeySource::Global) {
+        errors.at(
+            Some(raw_key.span()),
+            format!("{key}.key"),
+            "\"global\" cannot be part of a composite key: it is one bucket for everyone",
+        );
+    }
+    let key_sources: Vec<KeySource> = sources
+        .into_iter()
+        .filter(|source| *source != KeySource::Global)
+        .collect();
+    if !jwt_configured
+        && key_sources
+            .iter()
+            .any(|source| matches!(source, KeySource::JwtClaim(_)))
+    {
+        errors.at(Some(raw_key.span()), format!("{key}.key"), NEEDS_JWT);
+    }
+    key_sources
+}
+
+/// The client networks a limit exempts, and how it groups addresses (its own prefixes, else
+/// `[client_ip]`'s).
+fn compile_networks(
+    exempt: Option<&Spanned<Vec<String>>>,
+    (ipv4_prefix, ipv6_prefix): (Option<&Spanned<i64>>, Option<&Spanned<i64>>),
+    key: &str,
+    client_ip: &ClientIpSettings,
+    errors: &mut Errors<'_>,
+) -> (Vec<ipnet::IpNet>, u8, u8) {
+    let exempt = exempt
+        .map(|exempt| {
+            networks(
+                exempt.get_ref(),
+                &format!("{key}.exempt"),
+                exempt.span(),
+                errors,
+            )
+        })
+        .unwrap_or_default();
+    let ipv4_prefix = prefix_length(
+        ipv4_prefix,
+        32,
+        client_ip.ipv4_prefix,
+        &format!("{key}.ipv4_prefix"),
+        errors,
+    );
+    let ipv6_prefix = prefix_length(
+        ipv6_prefix,
+        128,
+        client_ip.ipv6_prefix,
+        &format!("{key}.ipv6_prefix"),
+        errors,
+    );
+    (exempt, ipv4_prefix, ipv6_prefix)
 }
 
 fn status_code(value: i64) -> Option<u16> {

@@ -33,25 +33,57 @@ pub(super) fn compile_route(
         );
     }
     let key = format!("{key} ({name:?})");
-    let path = match (&raw.path, &raw.path_prefix) {
-        (Some(path), None) => route_path(path, &key, "path", errors).map(PathMatch::Exact),
+    let path = route_path_rule(&raw, span, &key, errors);
+    let methods = route_methods(&raw, &key, errors);
+    let host = route_host(&raw, &key, errors);
+    let upstream = route_upstream(&raw, upstreams, &key, errors);
+    let route_limits = route_limits(&raw, limits, &key, errors);
+    let reads_body = route_limits.iter().any(|entry| entry.limit.reads_body());
+    let reads_token = route_limits.iter().any(|entry| entry.limit.reads_token());
+    Some(Route {
+        name: Arc::from(name.as_str()),
+        host,
+        methods,
+        match_path: match_path(path.as_ref()?, matching),
+        path: path?,
+        upstream: upstream?,
+        limits: route_limits,
+        on_store_failure: raw.on_store_failure.unwrap_or_default(),
+        reads_body,
+        reads_token,
+    })
+}
+
+/// `path` (exact) or `path_prefix` (a subtree): exactly one of them.
+fn route_path_rule(
+    raw: &raw::RawRoute,
+    span: std::ops::Range<usize>,
+    key: &str,
+    errors: &mut Errors<'_>,
+) -> Option<PathMatch> {
+    match (&raw.path, &raw.path_prefix) {
+        (Some(path), None) => route_path(path, key, "path", errors).map(PathMatch::Exact),
         (None, Some(prefix)) => {
-            route_path(prefix, &key, "path_prefix", errors).map(PathMatch::Prefix)
+            route_path(prefix, key, "path_prefix", errors).map(PathMatch::Prefix)
         }
         (Some(path), Some(_)) => {
-            errors.at(Some(path.span()), &key, "both path and path_prefix are set: use path for one exact path or path_prefix for a subtree");
+            errors.at(Some(path.span()), key, "both path and path_prefix are set: use path for one exact path or path_prefix for a subtree");
             None
         }
         (None, None) => {
             errors.at(
                 Some(span.clone()),
-                &key,
+                key,
                 "no path: set path = \"/login\" (exact) or path_prefix = \"/api/\" (subtree)",
             );
             None
         }
-    };
-    let methods = raw.methods.as_ref().map(|methods| {
+    }
+}
+
+/// `methods`, upper-cased; CONNECT never.
+fn route_methods(raw: &raw::RawRoute, key: &str, errors: &mut Errors<'_>) -> Option<Vec<Method>> {
+    raw.methods.as_ref().map(|methods| {
         if methods.get_ref().is_empty() {
             errors.at(
                 Some(methods.span()),
@@ -84,14 +116,27 @@ pub(super) fn compile_route(
                 },
             )
             .collect::<Vec<_>>()
-    });
-    let host = raw.host.as_ref().map(|host| {
+    })
+}
+
+/// `host`, lower-cased, without a port.
+fn route_host(raw: &raw::RawRoute, key: &str, errors: &mut Errors<'_>) -> Option<String> {
+    raw.host.as_ref().map(|host| {
         let text = host.get_ref().trim().to_ascii_lowercase();
         if text.is_empty() || text.parse::<http::uri::Authority>().is_err() || text.contains(':') && !text.starts_with('[') {
             errors.at(Some(host.span()), format!("{key}.host"), format!("invalid host {:?}: expected a host name such as \"shop.example.com\" (no port)", host.get_ref()));
         }
         text
-    });
+    })
+}
+
+/// The upstream the route names, among those defined.
+fn route_upstream(
+    raw: &raw::RawRoute,
+    upstreams: &[Arc<Upstream>],
+    key: &str,
+    errors: &mut Errors<'_>,
+) -> Option<Arc<Upstream>> {
     let upstream = upstreams
         .iter()
         .find(|upstream| upstream.name == *raw.upstream.get_ref())
@@ -111,6 +156,17 @@ pub(super) fn compile_route(
             ),
         );
     }
+    upstream
+}
+
+/// The route's limits, each with what the route charges it: its own `cost`, else the
+/// route's. A cost applies to buckets only: a concurrency limit takes one slot a request.
+fn route_limits(
+    raw: &raw::RawRoute,
+    limits: &[Arc<Limit>],
+    key: &str,
+    errors: &mut Errors<'_>,
+) -> Vec<RouteLimit> {
     let route_cost = match &raw.cost {
         Some(cost) => positive_cost(cost, &format!("{key}.cost"), errors),
         None => 1.0,
@@ -150,7 +206,7 @@ pub(super) fn compile_route(
             None => route_cost,
         };
         let capacity = limit.capacity;
-        if cost > capacity {
+        if limit.concurrency.is_none() && cost > capacity {
             errors.at(Some(entry_span), format!("{key}.limits"), format!("cost {cost} is larger than limit {:?}'s capacity {capacity}: no request could ever pass; raise the capacity or lower the cost", entry.limit));
         }
         route_limits.push(RouteLimit {
@@ -158,20 +214,7 @@ pub(super) fn compile_route(
             cost,
         });
     }
-    let reads_body = route_limits.iter().any(|entry| entry.limit.reads_body());
-    let reads_token = route_limits.iter().any(|entry| entry.limit.reads_token());
-    Some(Route {
-        name: Arc::from(name.as_str()),
-        host,
-        methods,
-        match_path: match_path(path.as_ref()?, matching),
-        path: path?,
-        upstream: upstream?,
-        limits: route_limits,
-        on_store_failure: raw.on_store_failure.unwrap_or_default(),
-        reads_body,
-        reads_token,
-    })
+    route_limits
 }
 
 fn positive_cost(cost: &Spanned<f64>, key: &str, errors: &mut Errors<'_>) -> f64 {

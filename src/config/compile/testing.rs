@@ -144,6 +144,20 @@ fn a_concurrency_limit_is_one_kind_of_limit_with_a_whole_number_of_slots() {
             "charge_on_status",
         ),
     ]);
+    // A route's cost applies to its buckets: an export that costs 100 tokens still takes one
+    // of two slots.
+    let costly = format!(
+        "{exports}[limits.api]\nkey = {{ header = \"x-user\" }}\ncapacity = 1000\nrate = \"10/s\"\n\
+         [[routes]]\nname = \"export\"\npath = \"/export\"\nupstream = \"app\"\ncost = 100\n\
+         limits = [\"exports\", \"api\"]\n"
+    );
+    let compiled = policy(&costly);
+    assert_eq!(compiled.routes[0].limits[0].limit.concurrency, Some(2));
+    // Above a bucket's capacity, a cost is still refused.
+    let too_costly = costly.replace("capacity = 1000", "capacity = 50");
+    assert!(errors(&too_costly)
+        .iter()
+        .any(|(_, message)| message.contains("larger than limit \"api\"'s capacity 50")));
 }
 
 #[test]

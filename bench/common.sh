@@ -90,3 +90,46 @@ nginx_limit_directives="limit_req zone=perip burst=1000000 nodelay;"
 nginx_limit_zone="limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;"
 nginx_refuse_directives="limit_req zone=one; limit_req_status 429;"
 nginx_refuse_zone="limit_req_zone \$binary_remote_addr zone=one:10m rate=1r/m;"
+
+# whole_numbers NAME=VALUE...: each VALUE a whole number of at least 1, or the script stops.
+whole_numbers() {
+  for setting in "$@"; do
+    if [[ ! "${setting#*=}" =~ ^[1-9][0-9]*$ ]]; then
+      echo "bench: $setting is not a whole number of at least 1" >&2
+      exit 1
+    fi
+  done
+}
+
+# need_tools TOOL...: each on PATH, or the script stops saying what to install.
+need_tools() {
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null || { echo "bench: missing $tool (apt-get install wrk util-linux python3)" >&2; exit 1; }
+  done
+}
+
+# measure_gateway BINARY POLICY PORT [WRK_ARGUMENTS...]: runs BINARY with one worker thread on CPU 1
+# with POLICY (listening on PORT), warms it up for 2 s, then drives it with wrk on CPU 0 for
+# $DURATION s over $CONNECTIONS connections; prints "requests/s cpu_us_per_request" (the
+# gateway's user + system time from /proc/PID/stat) and stops the gateway.
+measure_gateway() {
+  local binary=$1 policy=$2 port=$3 pid before after output requests rps
+  shift 3
+  RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 \
+    "$binary" --worker-threads 1 run --config "$policy" >/dev/null 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  wait_for_port "$port"
+  taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d2s "$@" "http://127.0.0.1:$port/" >/dev/null
+  read -r -a stat < "/proc/$pid/stat"
+  before=$((stat[13] + stat[14]))
+  output=$(taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "$@" "http://127.0.0.1:$port/")
+  read -r -a stat < "/proc/$pid/stat"
+  after=$((stat[13] + stat[14]))
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  requests=$(awk '/requests in/ {print $1}' <<<"$output")
+  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$output")
+  awk -v r="$rps" -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" \
+    'BEGIN {printf "%s %.3f\n", r, t * 1e6 / hz / n}'
+}

@@ -17,20 +17,12 @@ cd "$(dirname "$0")/.."
 DURATION=${BENCH_DURATION:-8}
 ROUNDS=${BENCH_ROUNDS:-3}
 CONNECTIONS=${BENCH_CONNECTIONS:-32}
-for setting in "BENCH_DURATION=$DURATION" "BENCH_ROUNDS=$ROUNDS" "BENCH_CONNECTIONS=$CONNECTIONS"; do
-  if [[ ! "${setting#*=}" =~ ^[1-9][0-9]*$ ]]; then
-    echo "bench: $setting is not a whole number of at least 1" >&2
-    exit 1
-  fi
-done
-for tool in wrk taskset python3; do
-  command -v "$tool" >/dev/null || { echo "bench: missing $tool (apt-get install wrk util-linux python3)" >&2; exit 1; }
-done
+source bench/common.sh
+whole_numbers "BENCH_DURATION=$DURATION" "BENCH_ROUNDS=$ROUNDS" "BENCH_CONNECTIONS=$CONNECTIONS"
+need_tools wrk taskset python3
 
 echo "building the release binary..." >&2
 cargo build --release --quiet --bin tollgate --example fast_upstream
-source bench/common.sh
-clk_tck=$(getconf CLK_TCK)
 
 upstream_port=$(free_port)
 taskset -c 0 ./target/release/examples/fast_upstream "127.0.0.1:$upstream_port" >/dev/null 2>&1 &
@@ -39,30 +31,14 @@ wait_for_port "$upstream_port"
 
 # run REUSE KEEP_ALIVE: one gateway, one wrk run; prints "requests/s cpu_us".
 run() {
-  local reuse=$1 keep_alive=$2 port admin pid before after output requests rps
+  local reuse=$1 keep_alive=$2 port admin
   local headers=(-H 'x-user-id: bench-user')
   [[ $keep_alive == no ]] && headers+=(-H 'Connection: close')
   port=$(free_port)
   admin=$(free_port)
   three_limit_policy "$port" "$admin" "$upstream_port" "" 1000000000000 1000000000/s \
     | sed "s|^url = \"http://127.0.0.1:$upstream_port\"|&\nreuse = \"$reuse\"|" > "$work/policy.toml"
-  RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 \
-    ./target/release/tollgate --worker-threads 1 run --config "$work/policy.toml" >/dev/null 2>&1 &
-  pid=$!
-  pids+=("$pid")
-  wait_for_port "$port"
-  taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d2s "${headers[@]}" "http://127.0.0.1:$port/" >/dev/null
-  read -r -a stat < "/proc/$pid/stat"
-  before=$((stat[13] + stat[14]))
-  output=$(taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "${headers[@]}" "http://127.0.0.1:$port/")
-  read -r -a stat < "/proc/$pid/stat"
-  after=$((stat[13] + stat[14]))
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  requests=$(awk '/requests in/ {print $1}' <<<"$output")
-  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$output")
-  awk -v r="$rps" -v t=$((after - before)) -v hz="$clk_tck" -v n="$requests" \
-    'BEGIN {printf "%s %.3f\n", r, t * 1e6 / hz / n}'
+  measure_gateway ./target/release/tollgate "$work/policy.toml" "$port" "${headers[@]}"
 }
 
 : > "$work/reuse"

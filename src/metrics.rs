@@ -63,31 +63,37 @@ const LATENCY_BUCKETS: [f64; 16] = [
 /// Requests per store call, up to the Redis store's batch limit.
 const BATCH_BUCKETS: [f64; 7] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
 const FILL_BUCKETS: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+/// How long delayed requests are held, up to the longest delay a limit may impose.
+const DELAY_BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// `metric`, registered in `registry`: every name is fixed in this file, so a clash is a bug.
+fn registered<M: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: M,
+) -> M {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("unique metric");
+    metric
+}
 
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(metric.clone()))
-                .expect("unique metric");
-            metric
+            registered(&registry, metric)
         };
         let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
             let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
-            let metric = HistogramVec::new(opts, labels).expect("valid metric");
-            registry
-                .register(Box::new(metric.clone()))
-                .expect("unique metric");
-            metric
+            registered(
+                &registry,
+                HistogramVec::new(opts, labels).expect("valid metric"),
+            )
         };
-        let per_thread = |family: Family| {
-            registry
-                .register(Box::new(family.clone()))
-                .expect("unique metric");
-            family
-        };
+        let per_thread = |family: Family| registered(&registry, family);
         let requests = per_thread(Family::int_counters(
             "tollgate_requests_total",
             "Requests by route and outcome.",
@@ -162,14 +168,14 @@ impl Metrics {
             "Configuration reloads by result.",
             &["result"],
         );
-        let admin_over_limit = SharedIntCounter::new(
-            "tollgate_admin_connections_over_limit_total",
-            "Admin connections accepted past [admin] max_connections (answered once, or closed).",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(admin_over_limit.clone()))
-            .expect("unique metric");
+        let admin_over_limit = registered(
+            &registry,
+            SharedIntCounter::new(
+                "tollgate_admin_connections_over_limit_total",
+                "Admin connections accepted past [admin] max_connections (answered once, or closed).",
+            )
+            .expect("valid metric"),
+        );
         let client_ip_warnings = counter(
             "tollgate_client_ip_warnings_total",
             "Requests whose forwarding headers suggest a trust misconfiguration, by cause.",
@@ -180,49 +186,47 @@ impl Metrics {
             "Adaptive penalties: keys tripped by repeated upstream errors, per limit.",
             &["limit"],
         );
-        let concurrency_in_use = prometheus::IntGaugeVec::new(
-            Opts::new(
-                "tollgate_concurrency_in_use",
-                "Slots of concurrency limits held by this replica's requests in flight, per limit.",
-            ),
-            &["limit"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(concurrency_in_use.clone()))
-            .expect("unique metric");
+        let concurrency_in_use = registered(
+            &registry,
+            prometheus::IntGaugeVec::new(
+                Opts::new(
+                    "tollgate_concurrency_in_use",
+                    "Slots of concurrency limits held by this replica's requests in flight, per limit.",
+                ),
+                &["limit"],
+            )
+            .expect("valid metric"),
+        );
         let delayed = counter(
             "tollgate_delayed_total",
             "Requests held for tokens they booked (on_limit = \"delay\") instead of refused, per route and limit.",
             &["route", "limit"],
         );
-        let delay_seconds = prometheus::Histogram::with_opts(
-            HistogramOpts::new(
-                "tollgate_delay_seconds",
-                "How long delayed requests were held before going upstream.",
+        let delay_seconds = registered(
+            &registry,
+            prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "tollgate_delay_seconds",
+                    "How long delayed requests were held before going upstream.",
+                )
+                .buckets(DELAY_BUCKETS.to_vec()),
             )
-            .buckets(vec![
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-            ]),
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(delay_seconds.clone()))
-            .expect("unique metric");
+            .expect("valid metric"),
+        );
         let jwt_rejected = counter(
             "tollgate_jwt_rejected_total",
             "Tokens refused (401) on routes whose limits read a claim, by reason.",
             &["reason"],
         );
-        let load_factor = Gauge::new(
-            "tollgate_load_factor",
-            "What every limit's refill rate is multiplied by now (1: no overload).",
-        )
-        .expect("valid metric");
+        let load_factor = registered(
+            &registry,
+            Gauge::new(
+                "tollgate_load_factor",
+                "What every limit's refill rate is multiplied by now (1: no overload).",
+            )
+            .expect("valid metric"),
+        );
         load_factor.set(1.0);
-        registry
-            .register(Box::new(load_factor.clone()))
-            .expect("unique metric");
         for result in ["ok", "error"] {
             config_reloads.with_label_values(&[result]);
         }

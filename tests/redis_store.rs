@@ -1163,3 +1163,91 @@ async fn a_bucket_in_an_earlier_versions_hash_is_taken_over() {
     let tokens = redis.stored_bucket("tg:everyone:global").unwrap()[0];
     assert!(tokens < 0.01, "both tokens spent: {tokens}");
 }
+
+/// The Redis server's time in microseconds.
+fn redis_time_us(redis: &RedisServer) -> f64 {
+    let reply = redis.cli(&["TIME"]);
+    let mut parts = reply
+        .split_whitespace()
+        .map(|part| part.parse::<f64>().unwrap());
+    parts.next().unwrap() * 1e6 + parts.next().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_stored_ahead_of_redis_time_keeps_its_moment_and_refills_nothing() {
+    // As after a failover to a node whose clock is behind the one that wrote the buckets, or
+    // a clock stepped back: the stored moment is ahead of the server's time.
+    let policy = r#"
+[store]
+backend = "redis"
+url = "{redis}"
+timeout = "2s"
+prefix = "tg:"
+hash_key = "test-secret-0123456789"
+
+[upstreams.app]
+url = "http://{upstream}"
+
+[limits.everyone]
+key = "global"
+capacity = 5
+rate = "1/s"
+
+[limits.charged]
+key = { header = "x-user" }
+capacity = 5
+rate = "1/s"
+charge_on_status = { "200" = 1 }
+
+[[routes]]
+name = "global"
+path = "/global"
+upstream = "app"
+limits = ["everyone"]
+
+[[routes]]
+name = "charged"
+path = "/charged"
+upstream = "app"
+limits = ["charged"]
+"#;
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&policy.replace("{redis}", &redis.url()), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let ahead = redis_time_us(&redis) + 100e6;
+
+    // decide.lua: 3 tokens counted 100 s ahead. Behind that moment nothing refills, and the
+    // moment is written back as it was, not moved to the server's time.
+    redis.store_bucket("tg:everyone:global", &[3.0, ahead]);
+    let statuses: Vec<u16> =
+        futures_util::future::join_all((0..4).map(|_| client.get("/global", &[])))
+            .await
+            .iter()
+            .map(|reply| reply.status.as_u16())
+            .collect();
+    assert_eq!(
+        statuses.iter().filter(|status| **status == 200).count(),
+        3,
+        "{statuses:?}"
+    );
+    let stored = redis.stored_bucket("tg:everyone:global").unwrap();
+    assert_eq!(
+        stored[1], ahead,
+        "the moment moved back to the server's time"
+    );
+    assert!(stored[0].abs() < 1e-9, "{stored:?}");
+
+    // outcome.lua: the charge after the response keeps the moment too.
+    let user = [("x-user", "alice")];
+    assert_eq!(client.get("/charged", &user).await.status, 200);
+    let key = redis
+        .cli(&["--scan", "--pattern", "tg:charged:*"])
+        .trim()
+        .to_owned();
+    let stored = redis.stored_bucket(&key).unwrap();
+    redis.store_bucket(&key, &[stored[0], ahead]);
+    assert_eq!(client.get("/charged", &user).await.status, 200);
+    let stored = redis.stored_bucket(&key).unwrap();
+    assert_eq!(stored[1], ahead, "outcome.lua moved the moment back");
+}

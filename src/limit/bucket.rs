@@ -179,11 +179,23 @@ fn period_stamp(period: QuotaPeriod) -> Timestamp {
     Timestamp(u64::try_from(period.end).unwrap_or(0))
 }
 
-/// The state a bucket holds `tokens` in after a decision at `now`.
-fn counted(charge: &Charge, tokens: f64, now: Timestamp) -> BucketState {
+/// The state a bucket holds `tokens` in after a decision at `now`, which followed `before`.
+/// A bucket's moment only moves forward: a decision whose clock is behind the stored moment
+/// (a log read out of order, a store whose clock was stepped back) counts at the stored one,
+/// so that no interval is refilled twice.
+fn counted(
+    charge: &Charge,
+    tokens: f64,
+    now: Timestamp,
+    before: Option<BucketState>,
+) -> BucketState {
+    let moment = match before {
+        Some(before) if before.updated > now => before.updated,
+        _ => now,
+    };
     BucketState {
         tokens,
-        updated: charge.period.map_or(now, period_stamp),
+        updated: charge.period.map_or(moment, period_stamp),
     }
 }
 
@@ -228,7 +240,7 @@ pub fn decide(
             verdict.tokens -= charge.cost;
         }
         verdict.full_in = charge.full_in(verdict.tokens);
-        *state = Some(counted(charge, verdict.tokens, now));
+        *state = Some(counted(charge, verdict.tokens, now, *state));
     }
     admitted
 }
@@ -248,6 +260,7 @@ pub fn charge_after(
         charge,
         (tokens - extra).max(-charge.capacity).min(charge.capacity),
         now,
+        state,
     )
 }
 
@@ -501,9 +514,62 @@ mod tests {
         })];
         let (admitted, _) = run(&charges, &mut states, at(5.0));
         assert!(!admitted);
+        assert_eq!(
+            states[0].unwrap().updated,
+            at(10.0),
+            "the moment stays where it was"
+        );
+        // Back at the stored moment, the interval 5..10 is not refilled a second time.
+        let (admitted, verdicts) = run(&charges, &mut states, at(10.0));
+        assert!(!admitted);
+        assert_eq!(verdicts[0].tokens, 0.5);
+        let after = charge_after(states[0], &charges[0], 0.25, at(1.0));
+        assert_eq!(after.updated, at(10.0));
+    }
+
+    #[test]
+    fn a_log_alternating_between_two_moments_is_refilled_once() {
+        // Capacity 1, a token per 100 s, 20 requests alternating between t and t + 100 s: the
+        // bucket allows 2 (the full bucket, and one token 100 s later).
+        let charges = [charge(1.0, 0.01, 1.0)];
+        let mut states = [None];
+        let admitted = (0..20)
+            .filter(|request| {
+                let now = at(if request % 2 == 0 { 1000.0 } else { 1100.0 });
+                run(&charges, &mut states, now).0
+            })
+            .count();
+        assert_eq!(admitted, 2);
     }
 
     proptest! {
+        /// Over any schedule, even one whose clock goes back and forth (a log read out of
+        /// order, a clock stepped back), admitted cost never exceeds capacity + rate ×
+        /// (latest − earliest moment seen).
+        #[test]
+        fn never_admits_more_than_capacity_plus_refill_in_any_order(
+            capacity in 1u32..50,
+            rate in 0.01f64..20.0,
+            cost in 1u32..5,
+            moments in proptest::collection::vec(0u64..20_000_000_000, 1..200),
+        ) {
+            let cost = cost.min(capacity) as f64;
+            let charges = [charge(capacity as f64, rate, cost)];
+            let mut states = [None];
+            let mut admitted_cost = 0.0;
+            let (mut earliest, mut latest) = (u64::MAX, 0);
+            for moment in moments {
+                earliest = earliest.min(moment);
+                latest = latest.max(moment);
+                if run(&charges, &mut states, Timestamp(moment)).0 {
+                    admitted_cost += cost;
+                }
+                let span = (latest - earliest) as f64 / SECOND as f64;
+                let bound = capacity as f64 + rate * span;
+                prop_assert!(admitted_cost <= bound + 1e-6, "{admitted_cost} > {bound}");
+            }
+        }
+
         /// Over any schedule, admitted cost never exceeds capacity + rate × elapsed.
         #[test]
         fn never_admits_more_than_capacity_plus_refill(

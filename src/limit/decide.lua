@@ -96,7 +96,8 @@ local now_ms = (now - now % 1000) / 1000
 
 -- Per key of KEYS (by index) once read: { tokens now (false: none stored), level, hold,
 -- keep, the stored adaptive state as bytes ('' if none), then once charged the capacity and
--- the tokens to store, for a quota the end of its period, and once charged the rate }. The
+-- the tokens to store, for a quota the end of its period, once charged the rate, and a
+-- bucket's stored moment (µs; false: none) }. The
 -- key's expiry is worked out once, as the key is written, from its last charge's numbers:
 -- worked out at every charge, its two `ceil` calls cost a twentieth of a batched decision.
 local seen = { false, false, false, false }
@@ -138,7 +139,7 @@ while pos <= size do
       if not entry then
         -- A key of another type (a hash of an earlier version's format) reads as none.
         local stored = pcall('GET', KEYS[index])
-        entry = { false, 0, 0, 0, '', false, false, false, 0 }
+        entry = { false, 0, 0, 0, '', false, false, false, 0, false }
         if type(stored) == 'string' and #stored >= 16 then
           local tokens, second = unpack('<dd', stored)
           if rate == 0 then
@@ -146,6 +147,9 @@ while pos <= size do
             if second == shape[at + 6] then entry[1] = tokens end
           else
             entry[1] = tokens
+            -- A moment only moves forward: a clock behind the stored one refills nothing
+            -- and writes the stored moment back.
+            entry[10] = second
             elapsed = now - second
             if elapsed < 0 then elapsed = 0 end
             if #stored > 16 then
@@ -234,15 +238,17 @@ for index = 1, #KEYS do
   local entry = seen[index]
   if entry and entry[6] then
     local expire_ms
+    local moment = now
+    if entry[10] and entry[10] > now then moment = entry[10] end
     if entry[8] then
       expire_ms = ceil(entry[8] * 1000 - now / 1000)
     else
-      expire_ms = ceil((entry[6] - entry[7]) / entry[9] * 1000)
+      expire_ms = ceil(((entry[6] - entry[7]) / entry[9] * 1000000 + moment - now) / 1000)
       local keep_ms = ceil((entry[4] - now) / 1000)
       if keep_ms > expire_ms then expire_ms = keep_ms end
     end
     if expire_ms > 315360000000 then expire_ms = 315360000000 end
-    local bytes = pack('<dd', entry[7], entry[8] or now)
+    local bytes = pack('<dd', entry[7], entry[8] or moment)
     if entry[5] ~= '' then bytes = bytes .. entry[5] end
     call('SET', KEYS[index], bytes, 'PX', expire_ms + 1000)
   end

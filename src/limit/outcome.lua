@@ -64,9 +64,12 @@ for i = 1, #KEYS do
   end
   local m = multiplier(factor, level, floor)
   local tokens = capacity * m
+  -- A bucket's moment only moves forward: behind the stored one, nothing refills.
+  local moment = now
   if stored then
     local stored_tokens, ts = struct.unpack('<dd', stored)
     local elapsed = math.max(0, now - ts) / 1000000
+    moment = math.max(now, ts)
     tokens = math.min(capacity * m, stored_tokens + elapsed * rate * m)
   end
   tokens = math.max(-capacity * m, tokens - extra)
@@ -96,11 +99,11 @@ for i = 1, #KEYS do
   if #errors > 0 then
     keep = math.max(keep, errors[#errors] + window)
   end
-  local packed = { struct.pack('<ddddd', tokens, now, level, hold, keep) }
+  local packed = { struct.pack('<ddddd', tokens, moment, level, hold, keep) }
   for _, stamp in ipairs(errors) do
     packed[#packed + 1] = struct.pack('<d', stamp)
   end
-  local refill_ms = math.ceil((capacity * m - tokens) / (rate * m) * 1000)
+  local refill_ms = math.ceil(((capacity * m - tokens) / (rate * m) * 1000000 + moment - now) / 1000)
   local keep_ms = math.ceil((keep - now) / 1000)
   redis.call('SET', KEYS[i], table.concat(packed), 'PX',
     string.format('%d', math.min(math.max(refill_ms, keep_ms, 0), 315360000000) + 1000))

@@ -24,16 +24,18 @@ for i = 1, #KEYS do
       redis.call('SET', KEYS[i], struct.pack('<dd', current, second) .. rest, 'KEEPTTL')
     else
       local elapsed = math.max(0, now - second) / 1000000
+      -- A bucket's moment only moves forward: behind the stored one, nothing refills.
+      local moment = math.max(now, second)
       local current = math.min(capacity, tokens + elapsed * rate + cost)
       if current >= capacity and rest == '' then
         redis.call('DEL', KEYS[i])
       else
         -- An adaptive key's expiry also covers its penalty: it is kept.
-        local refill_ms = math.ceil((capacity - current) / rate * 1000)
+        local refill_ms = math.ceil(((capacity - current) / rate * 1000000 + moment - now) / 1000)
         if rest ~= '' then
-          redis.call('SET', KEYS[i], struct.pack('<dd', current, now) .. rest, 'KEEPTTL')
+          redis.call('SET', KEYS[i], struct.pack('<dd', current, moment) .. rest, 'KEEPTTL')
         else
-          redis.call('SET', KEYS[i], struct.pack('<dd', current, now), 'PX',
+          redis.call('SET', KEYS[i], struct.pack('<dd', current, moment), 'PX',
             string.format('%d', math.min(refill_ms, 315360000000) + 1000))
         end
       end

@@ -276,3 +276,25 @@ fn a_split_line_grows_no_further_than_one_byte_past_the_bound() {
     }
     assert_eq!(line.len(), read::MAX_LINE_BYTES + 1);
 }
+
+#[test]
+fn a_log_out_of_time_order_refills_each_interval_once() {
+    // A web server writes lines as requests end: within a second or a minute they are not in
+    // time order. Capacity 1 and a token per 100 s, 20 lines alternating between two moments
+    // 100 s apart: the bucket allows 2, whatever the order.
+    let policy = Policy::parse(
+        "replay.toml",
+        "[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n[limits.per_user]\nkey = { header = \"x-user\" }\ncapacity = 1\nrate = \"1/100s\"\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"app\"\nlimits = [\"per_user\"]\n",
+    )
+    .unwrap();
+    let mut replay = Replay::new(&policy);
+    for request in 0..20 {
+        let time = if request % 2 == 0 { 1000.0 } else { 1100.0 };
+        replay.decide(&line(time, Some("alice"), "192.0.2.1"));
+    }
+    let report = replay.report();
+    assert_eq!(
+        (report.limits[0].requests, report.limits[0].refusals),
+        (20, 18)
+    );
+}

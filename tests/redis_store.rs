@@ -1251,3 +1251,90 @@ limits = ["charged"]
     let stored = redis.stored_bucket(&key).unwrap();
     assert_eq!(stored[1], ahead, "outcome.lua moved the moment back");
 }
+
+/// `tests/fixtures/clock_shift/clock_shift.c` built as a preloadable library in `dir`.
+fn clock_shift_library(dir: &std::path::Path) -> std::path::PathBuf {
+    let library = dir.join("clock_shift.so");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/clock_shift/clock_shift.c");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .status()
+        .expect("cc (the linker Rust builds with)");
+    assert!(built.success(), "building {}", source.display());
+    library
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_with_its_clock_behind_refills_nothing_twice() {
+    let policy = r#"
+[store]
+backend = "redis"
+url = "{redis}"
+timeout = "2s"
+prefix = "tg:"
+hash_key = "test-secret-0123456789"
+
+[upstreams.app]
+url = "http://{upstream}"
+
+[limits.everyone]
+key = "global"
+capacity = 5
+rate = "1/h"
+
+[[routes]]
+name = "global"
+path = "/global"
+upstream = "app"
+limits = ["everyone"]
+on_store_failure = "deny"
+"#;
+    let scratch = tempfile::tempdir().unwrap();
+    let library = clock_shift_library(scratch.path());
+    let mut redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&policy.replace("{redis}", &redis.url()), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    for _ in 0..2 {
+        assert_eq!(client.get("/global", &[]).await.status, 200);
+    }
+    let written = redis.stored_bucket("tg:everyone:global").unwrap();
+    assert!((written[0] - 3.0).abs() < 0.01, "{written:?}");
+
+    // The same data on a server whose clock is 100 s behind the one that wrote it.
+    let before = redis_time_us(&redis);
+    redis.restart_with_data_and_env(&[
+        ("LD_PRELOAD", library.to_str().unwrap()),
+        ("CLOCK_SHIFT_SECONDS", "-100"),
+    ]);
+    let behind = redis_time_us(&redis);
+    assert!(
+        before - behind > 90e6,
+        "the clock did not go back: {before} → {behind}"
+    );
+
+    // Decisions resume once the gateway has reconnected; the three tokens left are spent,
+    // at the stored moment, which stays where the other clock put it.
+    let mut statuses = Vec::new();
+    for _ in 0..200 {
+        let status = client.get("/global", &[]).await.status.as_u16();
+        if status != 503 {
+            statuses.push(status);
+            if statuses.len() == 4 {
+                break;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    let stored = redis.stored_bucket("tg:everyone:global").unwrap();
+    assert_eq!(
+        stored[1], written[1],
+        "the stored moment went back with the clock"
+    );
+    assert!(stored[0].abs() < 0.01, "{stored:?}");
+}

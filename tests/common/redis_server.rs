@@ -20,6 +20,8 @@ pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
     extra: Vec<String>,
+    /// Environment of the next launch (a clock-shifting preload, say).
+    env: Vec<(String, String)>,
     dir: tempfile::TempDir,
 }
 
@@ -33,6 +35,7 @@ impl RedisServer {
             port: free_port(),
             child: None,
             extra: extra.iter().map(|arg| arg.to_string()).collect(),
+            env: Vec::new(),
             dir: tempfile::tempdir().expect("tempdir"),
         };
         server.launch();
@@ -54,6 +57,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(self.dir.path())
             .args(&self.extra)
+            .envs(self.env.iter().map(|(name, value)| (name, value)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -143,6 +147,17 @@ impl RedisServer {
     /// Starts it again on the same port, empty.
     pub fn restart(&mut self) {
         self.stop();
+        self.launch();
+    }
+
+    /// Saves the data, stops, and starts again on the same port with the data and `env`.
+    pub fn restart_with_data_and_env(&mut self, env: &[(&str, &str)]) {
+        assert_eq!(self.cli(&["SAVE"]).trim(), "OK");
+        self.stop();
+        self.env = env
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
         self.launch();
     }
 

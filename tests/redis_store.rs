@@ -1338,3 +1338,58 @@ on_store_failure = "deny"
     );
     assert!(stored[0].abs() < 0.01, "{stored:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_lease_keeps_a_stored_moment_ahead_of_redis_time() {
+    let policy = r#"
+[store]
+backend = "redis"
+url = "{redis}"
+timeout = "2s"
+prefix = "tg:"
+hash_key = "test-secret-0123456789"
+
+[upstreams.app]
+url = "http://{upstream}"
+
+[limits.everyone]
+key = "global"
+capacity = 100
+rate = "100/s"
+lease = "100ms"
+
+[[routes]]
+name = "global"
+path = "/global"
+upstream = "app"
+limits = ["everyone"]
+"#;
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&policy.replace("{redis}", &redis.url()), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let ahead = redis_time_us(&redis) + 100e6;
+    redis.store_bucket("tg:everyone:global", &[50.0, ahead]);
+    assert_eq!(client.get("/global", &[]).await.status, 200);
+    let stored = redis.stored_bucket("tg:everyone:global").unwrap();
+    assert_eq!(stored[1], ahead, "lease.lua moved the moment back");
+    assert!(
+        stored[0] < 50.0,
+        "a lease was taken from the 50 tokens: {stored:?}"
+    );
+}
+
+#[test]
+fn a_refund_keeps_a_stored_moment_ahead_of_redis_time() {
+    let redis = RedisServer::start();
+    let script = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/limit/refund.lua"),
+    )
+    .unwrap();
+    let ahead = redis_time_us(&redis) + 100e6;
+    redis.store_bucket("tg:everyone:global", &[1.0, ahead]);
+    // Capacity 5, a token per second, 2 given back.
+    redis.cli(&["EVAL", &script, "1", "tg:everyone:global", "5", "1", "2"]);
+    let stored = redis.stored_bucket("tg:everyone:global").unwrap();
+    assert_eq!(stored, [3.0, ahead], "nothing refilled, the moment kept");
+}

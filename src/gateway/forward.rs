@@ -38,25 +38,7 @@ impl Gateway {
             None
         };
         message::remove_hop_by_hop(&mut parts.headers, upgrade);
-        if parts.version == http::Version::HTTP_2 {
-            message::join_cookies(&mut parts.headers);
-        }
-        let policy = &routed.runtime.policy;
-        if !policy.server.underscores_in_headers {
-            message::remove_underscored(&mut parts.headers);
-        }
-        // X-Forwarded-* are rewritten below; these two only a trusted proxy may pass on.
-        if scan.other_forwarding && !policy.client_ip.trust.trusts_peer(connection.peer) {
-            parts.headers.remove(FORWARDED);
-            parts.headers.remove(X_REAL_IP);
-        }
-        let real_ip = match exchange.client {
-            Some(client) if policy.client_ip.x_real_ip && client != connection.peer => {
-                Some(Cow::Owned(upstream::peer_header(client)))
-            }
-            Some(_) if policy.client_ip.x_real_ip => Some(Cow::Borrowed(&connection.peer_header)),
-            _ => None,
-        };
+        let real_ip = clean_fields(routed, &mut parts, exchange.client);
         let forwarding = upstream::Forwarding::new(
             scan.forwarded_for(&parts.headers),
             &exchange.request_id,
@@ -107,5 +89,35 @@ impl Gateway {
             response,
             client_upgrade,
         })
+    }
+}
+
+/// What of the client's fields an upstream must not read as they came: HTTP/2 cookie fields
+/// joined, fields named with underscores dropped (unless allowed), `Forwarded` and `X-Real-IP`
+/// dropped unless a trusted proxy sent them. Returns the `X-Real-IP` to write: the resolved
+/// client, unless `x_real_ip = false`.
+fn clean_fields<'c>(
+    routed: &Routed<'c>,
+    parts: &mut Parts,
+    client: Option<std::net::IpAddr>,
+) -> Option<Cow<'c, http::HeaderValue>> {
+    let (policy, connection) = (&routed.runtime.policy, routed.connection);
+    if parts.version == http::Version::HTTP_2 {
+        message::join_cookies(&mut parts.headers);
+    }
+    if !policy.server.underscores_in_headers {
+        message::remove_underscored(&mut parts.headers);
+    }
+    // X-Forwarded-* are rewritten; these two only a trusted proxy may pass on.
+    if routed.scan.other_forwarding && !policy.client_ip.trust.trusts_peer(connection.peer) {
+        parts.headers.remove(FORWARDED);
+        parts.headers.remove(X_REAL_IP);
+    }
+    match client {
+        Some(client) if policy.client_ip.x_real_ip && client != connection.peer => {
+            Some(Cow::Owned(upstream::peer_header(client)))
+        }
+        Some(_) if policy.client_ip.x_real_ip => Some(Cow::Borrowed(&connection.peer_header)),
+        _ => None,
     }
 }

@@ -90,8 +90,8 @@ enum Command {
     Replay {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// The log format: tollgate's JSON access log, or nginx/Apache "combined" (auto: told
-        /// by each file's first line).
+        /// The log format: tollgate's JSON access log, nginx/Apache "combined", Caddy's or
+        /// Traefik's JSON access log (auto: told by each file's first line).
         #[arg(long, value_enum, default_value = "auto")]
         format: tollgate::replay::Format,
         /// The report as JSON.

@@ -6,6 +6,7 @@
 
 mod flat_json;
 mod html;
+mod proxy_json;
 mod read;
 mod report;
 mod svg;
@@ -206,9 +207,9 @@ impl<'p> Replay<'p> {
     /// `X-Forwarded-For`, the one `[client_ip]` trusts.
     fn client(&self, line: &LogLine<'_>) -> Option<IpAddr> {
         let peer = line.client?;
-        match line.forwarded_for {
+        match &line.forwarded_for {
             Some(forwarded_for) => {
-                client_ip::resolve(&self.policy.client_ip.trust, peer, [forwarded_for])
+                client_ip::resolve(&self.policy.client_ip.trust, peer, [&**forwarded_for])
                     .ok()
                     .map(|resolved| resolved.client)
             }

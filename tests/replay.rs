@@ -138,6 +138,55 @@ fn a_combined_log_on_standard_input_replays_what_it_can_and_says_what_it_cannot(
     assert!(stdout.contains("line 1: not a JSON log line"), "{stdout}");
 }
 
+#[test]
+fn caddy_and_traefik_logs_in_two_files_are_told_apart_and_read_as_one_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, POLICY).unwrap();
+    // Client 198.51.100.9 sends 5 requests through one proxy hop, two logged by Caddy and
+    // three by Traefik, in one minute: at capacity 3, 2 are refused, whatever the file.
+    let caddy: String = (0..2)
+        .map(|second| {
+            format!(
+                r#"{{"level":"info","ts":{},"logger":"http.log.access","msg":"handled request","request":{{"remote_ip":"10.0.0.1","method":"GET","uri":"/api/items?page=2","headers":{{"X-Forwarded-For":["198.51.100.9"]}}}},"status":200}}"#,
+                1_796_385_600 + second
+            ) + "\n"
+        })
+        .collect();
+    let traefik: String = (2..5)
+        .map(|second| {
+            format!(
+                r#"{{"ClientHost":"10.0.0.1","DownstreamStatus":200,"RequestMethod":"GET","RequestPath":"/api/items","StartUTC":"2026-12-04T12:00:0{second}Z","request_X-Forwarded-For":"198.51.100.9"}}"#
+            ) + "\n"
+        })
+        .collect();
+    let (caddy_log, traefik_log) = (dir.path().join("caddy.log"), dir.path().join("traefik.log"));
+    std::fs::write(&caddy_log, caddy).unwrap();
+    std::fs::write(&traefik_log, traefik).unwrap();
+    let (code, stdout, stderr) = replay(
+        &[
+            "--config",
+            policy.to_str().unwrap(),
+            "--json",
+            caddy_log.to_str().unwrap(),
+            traefik_log.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["lines"], 5);
+    assert_eq!(report["bad_lines"], 0);
+    let per_client = report["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|limit| limit["limit"] == "per_client")
+        .unwrap();
+    assert_eq!(per_client["refusals"], 2);
+    assert_eq!(per_client["top_keys"][0]["key"], "v4:198.51.100.9/32");
+}
+
 /// A JSON access line as the gateway writes it.
 fn access_line(seconds: u32, user: u32) -> String {
     format!(

@@ -6,8 +6,8 @@ use std::borrow::Cow;
 use std::io::{BufRead, BufReader, Read};
 use std::net::IpAddr;
 
-use super::flat_json;
 use super::time::{CombinedTime, JsonTime};
+use super::{flat_json, proxy_json};
 
 /// The log format a file is read as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -18,6 +18,28 @@ pub enum Format {
     Json,
     /// nginx's and Apache's "combined" format, optionally followed by `"$http_x_forwarded_for"`.
     Combined,
+    /// Caddy's JSON access log.
+    Caddy,
+    /// Traefik's JSON access log.
+    Traefik,
+}
+
+impl Format {
+    /// The format a file's first line is in: JSON lines are tollgate's, Caddy's or
+    /// Traefik's, told by their fields; anything else is taken for combined.
+    pub(super) fn of_first_line(line: &[u8]) -> Format {
+        if !line.starts_with(b"{") {
+            return Format::Combined;
+        }
+        let has = |field: &[u8]| memchr::memmem::find(line, field).is_some();
+        if has(b"\"logger\":\"http.log.access") {
+            Format::Caddy
+        } else if has(b"\"RequestMethod\"") {
+            Format::Traefik
+        } else {
+            Format::Json
+        }
+    }
 }
 
 /// What replay needs of one logged request.
@@ -30,8 +52,8 @@ pub struct LogLine<'a> {
     /// The logged client (`client`), or the TCP peer (`$remote_addr`) when `forwarded_for` is
     /// set.
     pub client: Option<IpAddr>,
-    /// `X-Forwarded-For` as a combined log recorded it, for `[client_ip]` to resolve.
-    pub forwarded_for: Option<&'a str>,
+    /// `X-Forwarded-For` as the log recorded it, for `[client_ip]` to resolve.
+    pub forwarded_for: Option<Cow<'a, str>>,
     /// Each applied limit's store key, as the gateway logged it (`limit=key,…`); `None` when
     /// the format carries no keys.
     pub keys: Option<Cow<'a, str>>,
@@ -117,6 +139,8 @@ impl LineParser {
         match format {
             Format::Combined => self.parse_combined(line).map(Some),
             Format::Json | Format::Auto => self.parse_json(line),
+            Format::Caddy => proxy_json::caddy(utf8(line)?),
+            Format::Traefik => proxy_json::traefik(utf8(line)?, &mut self.json_time),
         }
     }
 
@@ -183,7 +207,10 @@ impl LineParser {
             .and_then(|status| status.parse::<u16>().ok())
             .ok_or_else(|| not_combined("no status"))?;
         let (_referer, _agent) = (quoted.next(), quoted.next());
-        let forwarded_for = quoted.next().filter(|value| *value != "-");
+        let forwarded_for = quoted
+            .next()
+            .filter(|value| *value != "-")
+            .map(Cow::Borrowed);
         let mut parts = request.split(' ');
         let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
         let path = origin_path(target);
@@ -199,6 +226,10 @@ impl LineParser {
             decided: path.is_some() && !method.is_empty() && status != 400,
         })
     }
+}
+
+fn utf8(line: &[u8]) -> Result<&str, String> {
+    std::str::from_utf8(line).map_err(|_| "not a JSON log line: not UTF-8".to_owned())
 }
 
 /// The fields of a JSON access line that replay reads.
@@ -222,7 +253,7 @@ pub(super) struct AccessFields<'a> {
 
 /// A string field, borrowed unless it holds an escape (serde borrows a `Cow` only as a field
 /// of its own, not inside an `Option`).
-fn text<'de, D: serde::Deserializer<'de>>(
+pub(super) fn text<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Cow<'de, str>>, D::Error> {
     #[derive(serde::Deserialize)]
@@ -264,7 +295,7 @@ impl<'a> AccessFields<'a> {
 }
 
 /// The path of a request target (origin form, or absolute form), without its query.
-fn origin_path(target: &str) -> Option<&str> {
+pub(super) fn origin_path(target: &str) -> Option<&str> {
     let target = match target.split_once("://") {
         Some((_scheme, rest)) => &rest[rest.find('/')?..],
         None => target,
@@ -327,11 +358,7 @@ pub fn read_lines(
                 return;
             }
             if file_format == Format::Auto {
-                file_format = if line.starts_with(b"{") {
-                    Format::Json
-                } else {
-                    Format::Combined
-                };
+                file_format = Format::of_first_line(line);
             }
             match parser.parse(file_format, line) {
                 Ok(Some(request)) => each(number, Ok(request)),

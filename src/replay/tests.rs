@@ -135,7 +135,10 @@ fn combined_lines_are_read_with_their_forwarded_for() {
     assert_eq!(parsed.time, 1_796_212_800.0);
     assert_eq!((parsed.method, &*parsed.path), ("POST", "/login"));
     assert_eq!(parsed.client, Some("203.0.113.9".parse().unwrap()));
-    assert_eq!(parsed.forwarded_for, Some("198.51.100.7, 10.0.0.1"));
+    assert_eq!(
+        parsed.forwarded_for.as_deref(),
+        Some("198.51.100.7, 10.0.0.1")
+    );
     assert_eq!((parsed.keys, parsed.decided), (None, true));
     // Apache escapes quotes in a field; an absolute-form target has its path taken.
     let apache = br#"::1 - - [02/Dec/2026:12:00:00 +0000] "GET http://example.com/api/x HTTP/1.1" 200 5 "-" "say \"hi\""#;
@@ -297,4 +300,97 @@ fn a_log_out_of_time_order_refills_each_interval_once() {
         (report.limits[0].requests, report.limits[0].refusals),
         (20, 18)
     );
+}
+
+const CADDY: &[u8] = br#"{"level":"info","ts":1796385600.25,"logger":"http.log.access.log0","msg":"handled request","request":{"remote_ip":"10.0.0.1","remote_port":"51234","client_ip":"10.0.0.1","proto":"HTTP/1.1","method":"POST","host":"shop.example.com","uri":"/api/login?next=%2F","headers":{"User-Agent":["curl/8.5.0"],"X-Forwarded-For":["198.51.100.7","203.0.113.9"]}},"bytes_read":25,"user_id":"","duration":0.0012,"size":2,"status":200,"resp_headers":{"Content-Type":["text/plain"]}}"#;
+
+const TRAEFIK: &[u8] = br#"{"ClientAddr":"10.0.0.1:51234","ClientHost":"10.0.0.1","ClientPort":"51234","ClientUsername":"-","DownstreamContentSize":2,"DownstreamStatus":429,"Duration":1234567,"RequestAddr":"shop.example.com","RequestHost":"shop.example.com","RequestMethod":"GET","RequestPath":"/api/x?y=1","RequestProtocol":"HTTP/1.1","RouterName":"app@docker","StartLocal":"2026-12-04T13:00:00.5+01:00","StartUTC":"2026-12-04T12:00:00.5Z","entryPointName":"web","level":"info","msg":"","request_X-Forwarded-For":"198.51.100.7","time":"2026-12-04T13:00:00+01:00"}"#;
+
+#[test]
+fn caddy_and_traefik_access_lines_are_read_and_their_other_events_passed_over() {
+    let mut parser = LineParser::default();
+    let caddy = parser.parse(Format::Caddy, CADDY).unwrap().unwrap();
+    assert_eq!(caddy.time, 1_796_385_600.25);
+    assert_eq!((caddy.method, &*caddy.path), ("POST", "/api/login"));
+    assert_eq!(caddy.client, Some("10.0.0.1".parse().unwrap()));
+    assert_eq!(
+        caddy.forwarded_for.as_deref(),
+        Some("198.51.100.7, 203.0.113.9"),
+        "the header's lines as one chain"
+    );
+    assert!(caddy.decided);
+    let startup =
+        br#"{"level":"info","ts":1796385600.0,"logger":"tls","msg":"cleaning storage unit"}"#;
+    assert_eq!(parser.parse(Format::Caddy, startup), Ok(None));
+
+    let traefik = parser.parse(Format::Traefik, TRAEFIK).unwrap().unwrap();
+    assert_eq!(traefik.time, 1_796_385_600.5);
+    assert_eq!((traefik.method, &*traefik.path), ("GET", "/api/x"));
+    assert_eq!(traefik.client, Some("10.0.0.1".parse().unwrap()));
+    assert_eq!(traefik.forwarded_for.as_deref(), Some("198.51.100.7"));
+    let event = br#"{"level":"info","msg":"Configuration loaded from flags.","time":"2026-12-04T13:00:00+01:00"}"#;
+    assert_eq!(parser.parse(Format::Traefik, event), Ok(None));
+
+    for bad in [
+        &b"{\"logger\":\"http.log.access\",\"ts\":1}"[..],
+        b"not json",
+        b"{\"RequestMethod\":\"GET\"}",
+    ] {
+        assert!(
+            parser.parse(Format::Caddy, bad).is_err()
+                || parser.parse(Format::Traefik, bad).is_err(),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn auto_tells_each_format_by_its_first_line() {
+    assert_eq!(Format::of_first_line(CADDY), Format::Caddy);
+    assert_eq!(Format::of_first_line(TRAEFIK), Format::Traefik);
+    assert_eq!(
+        Format::of_first_line(
+            br#"{"timestamp":"2026-12-02T12:00:00Z","target":"tollgate::access"}"#
+        ),
+        Format::Json
+    );
+    assert_eq!(
+        Format::of_first_line(
+            br#"192.0.2.1 - - [02/Dec/2026:12:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "-""#
+        ),
+        Format::Combined
+    );
+}
+
+#[test]
+fn a_caddy_log_replays_client_network_limits_through_trusted_hops() {
+    let policy = Policy::parse(
+        "replay.toml",
+        "[client_ip]\ntrusted_hops = 1\n[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n[limits.per_network]\nkey = \"client_network\"\ncapacity = 2\nrate = \"1/h\"\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"app\"\nlimits = [\"per_network\"]\n",
+    )
+    .unwrap();
+    let mut replay = Replay::new(&policy);
+    let mut parser = LineParser::default();
+    // Three requests of 198.51.100.7 behind one proxy, one of another client.
+    for client in [
+        "198.51.100.7",
+        "198.51.100.7",
+        "198.51.100.7",
+        "203.0.113.5",
+    ] {
+        let line = String::from_utf8_lossy(CADDY)
+            .replace("\"198.51.100.7\",\"203.0.113.9\"", &format!("\"{client}\""));
+        replay.decide(
+            &parser
+                .parse(Format::Caddy, line.as_bytes())
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let report = replay.report();
+    assert_eq!(
+        (report.limits[0].requests, report.limits[0].refusals),
+        (4, 1)
+    );
+    assert_eq!(report.limits[0].keys_refused, 1);
 }

@@ -1,0 +1,133 @@
+//! The JSON access logs of the proxies teams already run: Caddy's (`logger` `http.log.access…`,
+//! the request under `request`) and Traefik's (flat `Request…` fields, headers as
+//! `request_<Name>` when it keeps them). What replay needs of a line is read with serde, borrowed
+//! from the line where the JSON has no escapes.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use super::read::{origin_path, text, LogLine};
+use super::time::JsonTime;
+
+#[derive(serde::Deserialize)]
+struct CaddyLine<'a> {
+    #[serde(borrow, default, deserialize_with = "text")]
+    logger: Option<Cow<'a, str>>,
+    #[serde(default)]
+    ts: Option<f64>,
+    #[serde(borrow, default)]
+    request: Option<CaddyRequest<'a>>,
+    #[serde(default)]
+    status: Option<u16>,
+}
+
+#[derive(serde::Deserialize)]
+struct CaddyRequest<'a> {
+    #[serde(borrow, default, deserialize_with = "text")]
+    remote_ip: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    method: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    uri: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    headers: HashMap<Cow<'a, str>, Vec<Cow<'a, str>>>,
+}
+
+/// A Caddy access line; `Ok(None)` for another logger's line.
+pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
+    let parsed: CaddyLine<'_> =
+        serde_json::from_str(line).map_err(|error| format!("not a Caddy log line: {error}"))?;
+    if !parsed
+        .logger
+        .as_deref()
+        .is_some_and(|logger| logger.starts_with("http.log.access"))
+    {
+        return Ok(None);
+    }
+    let request = parsed.request.ok_or("no request")?;
+    let method = borrowed_method(request.method.ok_or("no request.method")?)?;
+    let uri = request.uri.ok_or("no request.uri")?;
+    // The header's lines, as the gateway reads them: one chain.
+    let forwarded_for = request
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("x-forwarded-for"))
+        .map(|(_, values)| match values.as_slice() {
+            [one] => one.clone(),
+            many => Cow::Owned(many.join(", ")),
+        });
+    let status = parsed.status.unwrap_or(0);
+    Ok(Some(LogLine {
+        time: parsed.ts.ok_or("no ts")?,
+        method,
+        path: path_of(uri)?,
+        client: request.remote_ip.and_then(|address| address.parse().ok()),
+        forwarded_for,
+        keys: None,
+        decided: status != 400,
+    }))
+}
+
+#[derive(serde::Deserialize)]
+struct TraefikLine<'a> {
+    #[serde(rename = "ClientHost", borrow, default, deserialize_with = "text")]
+    client_host: Option<Cow<'a, str>>,
+    #[serde(rename = "RequestMethod", borrow, default, deserialize_with = "text")]
+    method: Option<Cow<'a, str>>,
+    #[serde(rename = "RequestPath", borrow, default, deserialize_with = "text")]
+    path: Option<Cow<'a, str>>,
+    #[serde(rename = "StartUTC", borrow, default, deserialize_with = "text")]
+    start: Option<Cow<'a, str>>,
+    #[serde(rename = "DownstreamStatus", default)]
+    status: Option<u16>,
+    #[serde(
+        rename = "request_X-Forwarded-For",
+        borrow,
+        default,
+        deserialize_with = "text"
+    )]
+    forwarded_for: Option<Cow<'a, str>>,
+}
+
+/// A Traefik access line; `Ok(None)` for a line without a request (another log event).
+pub(super) fn traefik<'a>(
+    line: &'a str,
+    time: &mut JsonTime,
+) -> Result<Option<LogLine<'a>>, String> {
+    let parsed: TraefikLine<'a> =
+        serde_json::from_str(line).map_err(|error| format!("not a Traefik log line: {error}"))?;
+    let Some(method) = parsed.method else {
+        return Ok(None);
+    };
+    let path = parsed.path.ok_or("no RequestPath")?;
+    let status = parsed.status.unwrap_or(0);
+    Ok(Some(LogLine {
+        time: time.parse(&parsed.start.ok_or("no StartUTC")?)?,
+        method: borrowed_method(method)?,
+        path: path_of(path)?,
+        client: parsed.client_host.and_then(|host| host.parse().ok()),
+        forwarded_for: parsed.forwarded_for.filter(|chain| chain != "-"),
+        keys: None,
+        decided: status != 400,
+    }))
+}
+
+/// A method as the line holds it: methods have nothing JSON escapes.
+fn borrowed_method(method: Cow<'_, str>) -> Result<&str, String> {
+    match method {
+        Cow::Borrowed(method) if !method.is_empty() => Ok(method),
+        _ => Err("not a method".to_owned()),
+    }
+}
+
+/// The path of a logged request target, without its query.
+fn path_of(target: Cow<'_, str>) -> Result<Cow<'_, str>, String> {
+    match target {
+        Cow::Borrowed(target) => origin_path(target)
+            .map(Cow::Borrowed)
+            .ok_or_else(|| format!("not a request target: {target:?}")),
+        Cow::Owned(target) => origin_path(&target)
+            .map(|path| Cow::Owned(path.to_owned()))
+            .ok_or_else(|| format!("not a request target: {target:?}")),
+    }
+}

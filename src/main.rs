@@ -90,9 +90,10 @@ enum Command {
     Replay {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// The log format: tollgate's JSON access log, nginx/Apache "combined", Caddy's or
-        /// Traefik's JSON access log (auto: told by each file's first line).
-        #[arg(long, value_enum, default_value = "auto")]
+        /// The log format: json (tollgate's access log), combined (nginx/Apache), caddy,
+        /// traefik, nginx:'LOG_FORMAT' (an nginx log_format string), or auto (told by each
+        /// file's first line).
+        #[arg(long, default_value = "auto", value_parser = tollgate::replay::Format::parse)]
         format: tollgate::replay::Format,
         /// The report as JSON.
         #[arg(long)]
@@ -305,7 +306,7 @@ fn replay(
         }
     };
     let mut replay = tollgate::replay::Replay::new(&policy);
-    let read = tollgate::replay::read_lines(logs, format, |number, line| match line {
+    let read = tollgate::replay::read_lines(logs, &format, |number, line| match line {
         Ok(line) => replay.decide(&line),
         Err(why) => replay.bad_line(number, why),
     });

@@ -6,6 +6,7 @@
 
 mod flat_json;
 mod html;
+mod nginx_format;
 mod proxy_json;
 mod read;
 mod report;
@@ -22,6 +23,7 @@ use crate::config::{KeySource, Limit, Policy};
 use crate::limit::{bucket, BucketState, Charge, KeyPart, Timestamp, Verdicts};
 use crate::{client_ip, key, path, route};
 
+pub use nginx_format::NginxFormat;
 pub use read::{read_lines, Format, LineParser, LogLine, LoggedKeys};
 pub use report::{LimitReport, Report};
 pub use timeline::Timeline;

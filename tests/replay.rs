@@ -187,6 +187,66 @@ fn caddy_and_traefik_logs_in_two_files_are_told_apart_and_read_as_one_log() {
     assert_eq!(per_client["top_keys"][0]["key"], "v4:198.51.100.9/32");
 }
 
+#[test]
+fn an_nginx_log_in_its_own_format_replays_out_of_time_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, POLICY).unwrap();
+    // 198.51.100.4 sends 6 requests within a minute through the proxy, written as nginx writes
+    // lines, when they end: out of time order. Capacity 3: 3 are refused.
+    let seconds = [5, 3, 9, 1, 7, 2];
+    let log: String = seconds
+        .iter()
+        .map(|second| {
+            format!(
+                "10.0.0.1|04/Dec/2026:12:00:{second:02} +0000|GET /api/x HTTP/1.1|200|0.002|198.51.100.4\n"
+            )
+        })
+        .collect();
+    let file = dir.path().join("access.log");
+    std::fs::write(&file, log).unwrap();
+    let format =
+        "nginx:'$remote_addr|$time_local|$request|$status|$request_time|$http_x_forwarded_for'";
+    let (code, stdout, stderr) = replay(
+        &[
+            "--config",
+            policy.to_str().unwrap(),
+            "--format",
+            format,
+            "--json",
+            file.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (report["lines"].clone(), report["bad_lines"].clone()),
+        (6.into(), 0.into())
+    );
+    let per_client = report["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|limit| limit["limit"] == "per_client")
+        .unwrap();
+    assert_eq!(per_client["refusals"], 3);
+
+    // A format that cannot be read is refused before any line is.
+    let (code, _, stderr) = replay(
+        &[
+            "--config",
+            policy.to_str().unwrap(),
+            "--format",
+            "nginx:'$remote_addr",
+            file.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("unbalanced"), "{stderr}");
+}
+
 /// A JSON access line as the gateway writes it.
 fn access_line(seconds: u32, user: u32) -> String {
     format!(

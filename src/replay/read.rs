@@ -6,11 +6,12 @@ use std::borrow::Cow;
 use std::io::{BufRead, BufReader, Read};
 use std::net::IpAddr;
 
+use super::nginx_format::NginxFormat;
 use super::time::{CombinedTime, JsonTime};
 use super::{flat_json, proxy_json};
 
 /// The log format a file is read as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Format {
     /// Told by each file's first line: `{` starts a JSON line.
     Auto,
@@ -22,9 +23,31 @@ pub enum Format {
     Caddy,
     /// Traefik's JSON access log.
     Traefik,
+    /// nginx with the operator's own `log_format` (`nginx:'…'`).
+    Nginx(std::sync::Arc<NginxFormat>),
 }
 
 impl Format {
+    /// `auto`, `json`, `combined`, `caddy`, `traefik`, or `nginx:FORMAT` with the
+    /// `log_format` string as nginx.conf has it: what `--format` takes.
+    pub fn parse(text: &str) -> Result<Format, String> {
+        if let Some(format) = text.strip_prefix("nginx:") {
+            return NginxFormat::compile(format).map(|format| Format::Nginx(format.into()));
+        }
+        Ok(match text {
+            "auto" => Format::Auto,
+            "json" => Format::Json,
+            "combined" => Format::Combined,
+            "caddy" => Format::Caddy,
+            "traefik" => Format::Traefik,
+            _ => {
+                return Err(format!(
+                    "unknown format {text:?}: expected auto, json, combined, caddy, traefik or nginx:'LOG_FORMAT'"
+                ))
+            }
+        })
+    }
+
     /// The format a file's first line is in: JSON lines are tollgate's, Caddy's or
     /// Traefik's, told by their fields; anything else is taken for combined.
     pub(super) fn of_first_line(line: &[u8]) -> Format {
@@ -133,7 +156,7 @@ impl LineParser {
     /// One line: `Ok(None)` for a line that is not a request (another log event).
     pub fn parse<'a>(
         &mut self,
-        format: Format,
+        format: &Format,
         line: &'a [u8],
     ) -> Result<Option<LogLine<'a>>, String> {
         match format {
@@ -141,6 +164,13 @@ impl LineParser {
             Format::Json | Format::Auto => self.parse_json(line),
             Format::Caddy => proxy_json::caddy(utf8(line)?),
             Format::Traefik => proxy_json::traefik(utf8(line)?, &mut self.json_time),
+            Format::Nginx(nginx) => {
+                let line = std::str::from_utf8(line)
+                    .map_err(|_| "not a log line: not UTF-8".to_owned())?;
+                nginx
+                    .parse(line, &mut self.combined_time, &mut self.json_time)
+                    .map(Some)
+            }
         }
     }
 
@@ -333,7 +363,7 @@ pub(super) const MAX_LINE_BYTES: usize = 1 << 20;
 /// events) are passed over. Fails only when a file cannot be opened.
 pub fn read_lines(
     paths: &[String],
-    format: Format,
+    format: &Format,
     mut each: impl FnMut(u64, Result<LogLine<'_>, String>),
 ) -> Result<(), String> {
     let mut parser = LineParser::default();
@@ -342,7 +372,7 @@ pub fn read_lines(
     let mut split_line = Vec::new();
     for path in paths {
         let mut reader = open(path).map_err(|error| format!("cannot read {path}: {error}"))?;
-        let mut file_format = format;
+        let mut file_format = format.clone();
         let mut number = 0;
         let mut line = |line: &[u8]| {
             number += 1;
@@ -360,7 +390,7 @@ pub fn read_lines(
             if file_format == Format::Auto {
                 file_format = Format::of_first_line(line);
             }
-            match parser.parse(file_format, line) {
+            match parser.parse(&file_format, line) {
                 Ok(Some(request)) => each(number, Ok(request)),
                 Ok(None) => {}
                 Err(why) => each(number, Err(why)),

@@ -75,7 +75,7 @@ fn a_replay_decides_with_the_logs_clock_and_suggests_capacities() {
 fn json_lines_are_read_and_other_log_events_passed_over() {
     let mut parser = LineParser::default();
     let access = br#"{"timestamp":"2026-12-02T12:00:00.250000Z","level":"INFO","target":"tollgate::access","client":"192.0.2.1","method":"POST","path":"/lo\u0067in","route":"login","status":429,"outcome":"limited","keys":"per_account=h:ab12,per_network=v4:192.0.2.1/32"}"#;
-    let parsed = parser.parse(Format::Json, access).unwrap().unwrap();
+    let parsed = parser.parse(&Format::Json, access).unwrap().unwrap();
     assert_eq!(parsed.time, 1_796_212_800.25);
     assert_eq!(parsed.path, "/login", "JSON escapes are read");
     // Asked in the logged order, or out of it.
@@ -88,9 +88,9 @@ fn json_lines_are_read_and_other_log_events_passed_over() {
     assert_eq!(keys.key("per_account"), Some("h:ab12"));
     assert!(parsed.decided);
     let other = br#"{"timestamp":"2026-12-02T12:00:00Z","level":"INFO","target":"tollgate","message":"listening"}"#;
-    assert_eq!(parser.parse(Format::Json, other).unwrap(), None);
+    assert_eq!(parser.parse(&Format::Json, other).unwrap(), None);
     assert!(parser
-        .parse(Format::Json, b"127.0.0.1 - - [02/Dec/2026]")
+        .parse(&Format::Json, b"127.0.0.1 - - [02/Dec/2026]")
         .is_err());
 }
 
@@ -131,7 +131,7 @@ proptest::proptest! {
 fn combined_lines_are_read_with_their_forwarded_for() {
     let mut parser = LineParser::default();
     let nginx = br#"203.0.113.9 - alice [02/Dec/2026:13:00:00 +0100] "POST /login?next=/x HTTP/1.1" 429 0 "-" "curl/8.0" "198.51.100.7, 10.0.0.1""#;
-    let parsed = parser.parse(Format::Combined, nginx).unwrap().unwrap();
+    let parsed = parser.parse(&Format::Combined, nginx).unwrap().unwrap();
     assert_eq!(parsed.time, 1_796_212_800.0);
     assert_eq!((parsed.method, &*parsed.path), ("POST", "/login"));
     assert_eq!(parsed.client, Some("203.0.113.9".parse().unwrap()));
@@ -142,13 +142,13 @@ fn combined_lines_are_read_with_their_forwarded_for() {
     assert_eq!((parsed.keys, parsed.decided), (None, true));
     // Apache escapes quotes in a field; an absolute-form target has its path taken.
     let apache = br#"::1 - - [02/Dec/2026:12:00:00 +0000] "GET http://example.com/api/x HTTP/1.1" 200 5 "-" "say \"hi\""#;
-    let parsed = parser.parse(Format::Combined, apache).unwrap().unwrap();
+    let parsed = parser.parse(&Format::Combined, apache).unwrap().unwrap();
     assert_eq!((&*parsed.path, parsed.forwarded_for), ("/api/x", None));
     // A request line the server could not read reached no limit.
     let garbage = br#"192.0.2.1 - - [02/Dec/2026:12:00:00 +0000] "\x16\x03\x01" 400 150 "-" "-""#;
     assert!(
         !parser
-            .parse(Format::Combined, garbage)
+            .parse(&Format::Combined, garbage)
             .unwrap()
             .unwrap()
             .decided
@@ -159,7 +159,7 @@ fn combined_lines_are_read_with_their_forwarded_for() {
         b"192.0.2.1 - - [yesterday] \"GET / HTTP/1.1\" 200 1 \"-\" \"-\"",
         b"192.0.2.1 - - [02/Dec/2026:12:00:00 +0000] \"GET / HTTP/1.1\"",
     ] {
-        assert!(parser.parse(Format::Combined, bad).is_err(), "{bad:?}");
+        assert!(parser.parse(&Format::Combined, bad).is_err(), "{bad:?}");
     }
 }
 
@@ -188,7 +188,7 @@ fn a_combined_log_replays_client_limits_and_reports_the_rest_not_replayable() {
         );
         replay.decide(
             &parser
-                .parse(Format::Combined, text.as_bytes())
+                .parse(&Format::Combined, text.as_bytes())
                 .unwrap()
                 .unwrap(),
         );
@@ -258,7 +258,7 @@ fn a_line_longer_than_the_bound_is_skipped_and_counted_without_being_held() {
     let mut seen = Vec::new();
     read_lines(
         &[path.display().to_string()],
-        Format::Combined,
+        &Format::Combined,
         |number, line| {
             seen.push((number, line.map(|line| line.path.into_owned())));
         },
@@ -309,7 +309,7 @@ const TRAEFIK: &[u8] = br#"{"ClientAddr":"10.0.0.1:51234","ClientHost":"10.0.0.1
 #[test]
 fn caddy_and_traefik_access_lines_are_read_and_their_other_events_passed_over() {
     let mut parser = LineParser::default();
-    let caddy = parser.parse(Format::Caddy, CADDY).unwrap().unwrap();
+    let caddy = parser.parse(&Format::Caddy, CADDY).unwrap().unwrap();
     assert_eq!(caddy.time, 1_796_385_600.25);
     assert_eq!((caddy.method, &*caddy.path), ("POST", "/api/login"));
     assert_eq!(caddy.client, Some("10.0.0.1".parse().unwrap()));
@@ -321,15 +321,15 @@ fn caddy_and_traefik_access_lines_are_read_and_their_other_events_passed_over() 
     assert!(caddy.decided);
     let startup =
         br#"{"level":"info","ts":1796385600.0,"logger":"tls","msg":"cleaning storage unit"}"#;
-    assert_eq!(parser.parse(Format::Caddy, startup), Ok(None));
+    assert_eq!(parser.parse(&Format::Caddy, startup), Ok(None));
 
-    let traefik = parser.parse(Format::Traefik, TRAEFIK).unwrap().unwrap();
+    let traefik = parser.parse(&Format::Traefik, TRAEFIK).unwrap().unwrap();
     assert_eq!(traefik.time, 1_796_385_600.5);
     assert_eq!((traefik.method, &*traefik.path), ("GET", "/api/x"));
     assert_eq!(traefik.client, Some("10.0.0.1".parse().unwrap()));
     assert_eq!(traefik.forwarded_for.as_deref(), Some("198.51.100.7"));
     let event = br#"{"level":"info","msg":"Configuration loaded from flags.","time":"2026-12-04T13:00:00+01:00"}"#;
-    assert_eq!(parser.parse(Format::Traefik, event), Ok(None));
+    assert_eq!(parser.parse(&Format::Traefik, event), Ok(None));
 
     for bad in [
         &b"{\"logger\":\"http.log.access\",\"ts\":1}"[..],
@@ -337,8 +337,8 @@ fn caddy_and_traefik_access_lines_are_read_and_their_other_events_passed_over() 
         b"{\"RequestMethod\":\"GET\"}",
     ] {
         assert!(
-            parser.parse(Format::Caddy, bad).is_err()
-                || parser.parse(Format::Traefik, bad).is_err(),
+            parser.parse(&Format::Caddy, bad).is_err()
+                || parser.parse(&Format::Traefik, bad).is_err(),
             "{bad:?}"
         );
     }
@@ -382,7 +382,7 @@ fn a_caddy_log_replays_client_network_limits_through_trusted_hops() {
             .replace("\"198.51.100.7\",\"203.0.113.9\"", &format!("\"{client}\""));
         replay.decide(
             &parser
-                .parse(Format::Caddy, line.as_bytes())
+                .parse(&Format::Caddy, line.as_bytes())
                 .unwrap()
                 .unwrap(),
         );
@@ -393,4 +393,71 @@ fn a_caddy_log_replays_client_network_limits_through_trusted_hops() {
         (4, 1)
     );
     assert_eq!(report.limits[0].keys_refused, 1);
+}
+
+#[test]
+fn an_nginx_log_format_as_written_in_nginx_conf_reads_its_lines() {
+    // Two quoted pieces, as nginx.conf spreads a log_format over lines; unknown variables
+    // ($request_time, $upstream_response_time, $ssl_protocol) are read and passed over.
+    let format = Format::parse(
+        r#"nginx:'$remote_addr [$time_iso8601] "$request_method $request_uri" $status '
+                 '$request_time "$http_x_forwarded_for" $upstream_response_time $ssl_protocol'"#,
+    )
+    .unwrap();
+    let mut parser = LineParser::default();
+    let line = br#"10.0.0.1 [2026-12-04T13:00:00+01:00] "POST /api/login?next=%2F" 200 0.004 "198.51.100.7" 0.003 TLSv1.3"#;
+    let parsed = parser.parse(&format, line).unwrap().unwrap();
+    assert_eq!(parsed.time, 1_796_385_600.0);
+    assert_eq!((parsed.method, &*parsed.path), ("POST", "/api/login"));
+    assert_eq!(parsed.client, Some("10.0.0.1".parse().unwrap()));
+    assert_eq!(parsed.forwarded_for.as_deref(), Some("198.51.100.7"));
+    assert!(parsed.decided);
+    // `-` is no value; a 400 reached no limit; a line of another shape is an error.
+    let unread = br#"10.0.0.1 [2026-12-04T13:00:00+01:00] "- -" 400 0.000 "-" - -"#;
+    let parsed = parser.parse(&format, unread).unwrap().unwrap();
+    assert!(!parsed.decided);
+    assert_eq!(parsed.forwarded_for, None);
+    let other = br#"10.0.0.1 - - [04/Dec/2026:13:00:00 +0100] "GET / HTTP/1.1" 200 5 "-" "-""#;
+    assert!(parser.parse(&format, other).is_err());
+
+    // The bare format, with $msec and $request; ${braced} names.
+    let format = Format::parse("nginx:${remote_addr} $msec \"$request\" $status").unwrap();
+    let parsed = parser
+        .parse(
+            &format,
+            b"::1 1796385600.250 \"GET /api/x?y=1 HTTP/2.0\" 200",
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(parsed.time, 1_796_385_600.25);
+    assert_eq!((parsed.method, &*parsed.path), ("GET", "/api/x"));
+    assert_eq!(parsed.client, Some("::1".parse().unwrap()));
+}
+
+#[test]
+fn an_nginx_log_format_that_cannot_be_read_says_why() {
+    for (format, expected) in [
+        (
+            "nginx:'$remote_addr [$time_local] \"$request\"",
+            "unbalanced",
+        ),
+        (
+            "nginx:'$remote_addr' x '$request'",
+            "outside the quoted pieces",
+        ),
+        ("nginx:$remote_addr \"$request\" $status", "no time"),
+        ("nginx:$remote_addr [$time_local] $status", "no request"),
+        (
+            "nginx:$remote_addr$time_local \"$request\"",
+            "nothing between",
+        ),
+        (
+            "nginx:${remote_addr [$time_local] \"$request\"",
+            "without its }",
+        ),
+        ("ngnix", "unknown format"),
+    ] {
+        let error = Format::parse(format).unwrap_err();
+        assert!(error.contains(expected), "{format}: {error}");
+    }
 }

@@ -20,11 +20,12 @@ use std::net::IpAddr;
 use http::Method;
 
 use crate::config::{KeySource, Limit, Policy};
+use crate::key::KeyHasher;
 use crate::limit::{bucket, BucketState, Charge, KeyPart, Timestamp, Verdicts};
 use crate::{client_ip, key, path, route};
 
 pub use nginx_format::NginxFormat;
-pub use read::{read_lines, Format, LineParser, LogLine, LoggedKeys};
+pub use read::{read_lines, Format, LineParser, LogLine, LoggedField, LoggedKeys};
 pub use report::{LimitReport, Report};
 pub use timeline::Timeline;
 
@@ -48,6 +49,9 @@ pub struct Replay<'p> {
     pub(crate) undecided: u64,
     /// Reused from line to line: one line's charges, buckets and verdicts.
     scratch: Scratch,
+    /// Hashes values a log recorded (a header, cookie or query parameter) into keys, as the
+    /// gateway does: with the policy's `hash_key` they read as the gateway's store keys.
+    hasher: KeyHasher,
 }
 
 /// One limit's keys, each numbered once: a line's key is looked up, never copied.
@@ -118,6 +122,10 @@ impl<'p> Replay<'p> {
             unrouted: 0,
             undecided: 0,
             scratch: Scratch::default(),
+            hasher: match &policy.store.hash_key {
+                Some(secret) => KeyHasher::from_secret(secret.as_bytes()),
+                None => KeyHasher::random(),
+            },
         }
     }
 
@@ -165,7 +173,13 @@ impl<'p> Replay<'p> {
             let limit = &*entry.limit;
             let tally = &mut self.tallies[route_index][position];
             tally.requests += 1;
-            let Some(key) = key_of(limit, &mut logged_keys, client, network_key) else {
+            let found = key_of(limit, &mut logged_keys, client, network_key)
+                .map(std::borrow::Cow::Borrowed)
+                .or_else(|| {
+                    key_from_logged_values(limit, line, client, &self.hasher)
+                        .map(std::borrow::Cow::Owned)
+                });
+            let Some(key) = found.as_deref() else {
                 tally.not_replayable += 1;
                 continue;
             };
@@ -223,6 +237,67 @@ impl<'p> Replay<'p> {
     pub fn report(&self) -> Report {
         report::report(self)
     }
+}
+
+/// The key of a limit keyed by headers, cookies or query parameters, from the values the log
+/// recorded, extracted and hashed as the gateway does; `None` when the log did not record
+/// them (or the request lacked one).
+fn key_from_logged_values(
+    limit: &Limit,
+    line: &LogLine<'_>,
+    client: Option<IpAddr>,
+    hasher: &KeyHasher,
+) -> Option<String> {
+    if line.logged.is_empty() {
+        return None;
+    }
+    let mut headers = http::HeaderMap::new();
+    let mut cookies = String::new();
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for (field, value) in &line.logged {
+        match field {
+            LoggedField::Header(name) => {
+                let name = http::HeaderName::from_bytes(name.as_bytes()).ok();
+                let value = http::HeaderValue::from_str(value).ok();
+                if let (Some(name), Some(value)) = (name, value) {
+                    headers.append(name, value);
+                }
+            }
+            LoggedField::Cookie(name) => {
+                if !cookies.is_empty() {
+                    cookies.push_str("; ");
+                }
+                cookies.push_str(name);
+                cookies.push('=');
+                cookies.push_str(value);
+            }
+            LoggedField::Arg(name) => {
+                query.append_pair(name, value);
+            }
+        }
+    }
+    if let Ok(cookies) = http::HeaderValue::from_str(&cookies) {
+        if !cookies.is_empty() {
+            headers.append(http::header::COOKIE, cookies);
+        }
+    }
+    let query = query.finish();
+    let client = client.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    let facts = key::RequestFacts::new(
+        client,
+        &headers,
+        (!query.is_empty()).then_some(&query),
+        None,
+    );
+    let parts = key::extract(limit, &facts, hasher).ok()??;
+    let bucket = crate::limit::BucketKey {
+        limit: &limit.name,
+        fingerprint: limit.fingerprint,
+        parts,
+    };
+    let mut key = String::new();
+    bucket.push_key_to(&mut key);
+    Some(key)
 }
 
 /// The key a logged request has for `limit`: the gateway's own, from `keys`; or, for a limit

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
-use super::read::{origin_path, LogLine};
+use super::read::{origin_path, LogLine, LoggedField};
 use super::time::{CombinedTime, JsonTime};
 
 /// A compiled `log_format`.
@@ -34,6 +34,8 @@ enum Variable {
     Uri,
     Status,
     ForwardedFor,
+    /// `$http_NAME`, `$cookie_NAME`, `$arg_NAME`: values a limit may be keyed by.
+    Logged(LoggedField),
     Other,
 }
 
@@ -50,7 +52,18 @@ impl Variable {
             "uri" => Variable::Uri,
             "status" => Variable::Status,
             "http_x_forwarded_for" => Variable::ForwardedFor,
-            _ => Variable::Other,
+            _ => {
+                let logged = if let Some(header) = name.strip_prefix("http_") {
+                    LoggedField::Header(header.replace('_', "-"))
+                } else if let Some(cookie) = name.strip_prefix("cookie_") {
+                    LoggedField::Cookie(cookie.to_owned())
+                } else if let Some(arg) = name.strip_prefix("arg_") {
+                    LoggedField::Arg(arg.to_owned())
+                } else {
+                    return Variable::Other;
+                };
+                Variable::Logged(logged)
+            }
         }
     }
 }
@@ -160,6 +173,7 @@ struct Fields<'a> {
     uri: Option<&'a str>,
     status: Option<&'a str>,
     forwarded_for: Option<&'a str>,
+    logged: Vec<(LoggedField, Cow<'a, str>)>,
 }
 
 impl<'a> Fields<'a> {
@@ -176,6 +190,12 @@ impl<'a> Fields<'a> {
             Variable::Uri => &mut self.uri,
             Variable::Status => &mut self.status,
             Variable::ForwardedFor => &mut self.forwarded_for,
+            Variable::Logged(field) => {
+                if let Some(value) = value {
+                    self.logged.push((field.clone(), Cow::Borrowed(value)));
+                }
+                return;
+            }
             Variable::Other => return,
         };
         *slot = value;
@@ -211,6 +231,7 @@ impl<'a> Fields<'a> {
             keys: None,
             // A request the server could not read reached no limit.
             decided: path.is_some() && !method.is_empty() && status != Some(400),
+            logged: self.logged,
         })
     }
 }

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::read::{origin_path, text, LogLine};
+use super::read::{origin_path, text, LogLine, LoggedField};
 use super::time::JsonTime;
 
 #[derive(serde::Deserialize)]
@@ -57,6 +57,14 @@ pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
             many => Cow::Owned(many.join(", ")),
         });
     let status = parsed.status.unwrap_or(0);
+    let logged = request
+        .headers
+        .into_iter()
+        .flat_map(|(name, values)| {
+            let field = LoggedField::Header(name.to_ascii_lowercase());
+            values.into_iter().map(move |value| (field.clone(), value))
+        })
+        .collect();
     Ok(Some(LogLine {
         time: parsed.ts.ok_or("no ts")?,
         method,
@@ -65,6 +73,7 @@ pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
         forwarded_for,
         keys: None,
         decided: status != 400,
+        logged,
     }))
 }
 
@@ -87,6 +96,9 @@ struct TraefikLine<'a> {
         deserialize_with = "text"
     )]
     forwarded_for: Option<Cow<'a, str>>,
+    /// The other fields, among them the headers Traefik keeps (`request_<Name>`).
+    #[serde(flatten)]
+    other: HashMap<String, serde_json::Value>,
 }
 
 /// A Traefik access line; `Ok(None)` for a line without a request (another log event).
@@ -101,6 +113,17 @@ pub(super) fn traefik<'a>(
     };
     let path = parsed.path.ok_or("no RequestPath")?;
     let status = parsed.status.unwrap_or(0);
+    let logged = parsed
+        .other
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let header = name.strip_prefix("request_")?.to_ascii_lowercase();
+            let serde_json::Value::String(value) = value else {
+                return None;
+            };
+            Some((LoggedField::Header(header), Cow::Owned(value)))
+        })
+        .collect();
     Ok(Some(LogLine {
         time: time.parse(&parsed.start.ok_or("no StartUTC")?)?,
         method: borrowed_method(method)?,
@@ -109,6 +132,7 @@ pub(super) fn traefik<'a>(
         forwarded_for: parsed.forwarded_for.filter(|chain| chain != "-"),
         keys: None,
         decided: status != 400,
+        logged,
     }))
 }
 

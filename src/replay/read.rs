@@ -82,6 +82,19 @@ pub struct LogLine<'a> {
     pub keys: Option<Cow<'a, str>>,
     /// The gateway took a decision on it (not a bad request, not an unrouted one).
     pub decided: bool,
+    /// Header, cookie and query values the log recorded (nginx's `$http_NAME`,
+    /// `$cookie_NAME`, `$arg_NAME`; the headers Caddy and Traefik log), for limits keyed by
+    /// them.
+    pub logged: Vec<(LoggedField, Cow<'a, str>)>,
+}
+
+/// What a logged value is: a request header (its name in lower case), a cookie or a query
+/// parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoggedField {
+    Header(String),
+    Cookie(String),
+    Arg(String),
 }
 
 impl<'a> LogLine<'a> {
@@ -203,6 +216,7 @@ impl LineParser {
                         | "store_unavailable"
                 )
             ),
+            logged: Vec::new(),
         }))
     }
 
@@ -254,6 +268,7 @@ impl LineParser {
             // A request line the server could not read (logged as "-", or a 400 for garbage)
             // reached no limit.
             decided: path.is_some() && !method.is_empty() && status != 400,
+            logged: Vec::new(),
         })
     }
 }

@@ -21,6 +21,7 @@ fn line(time: f64, user: Option<&str>, client: &str) -> LogLine<'static> {
                 .into(),
         ),
         decided: true,
+        logged: Vec::new(),
     }
 }
 
@@ -460,4 +461,59 @@ fn an_nginx_log_format_that_cannot_be_read_says_why() {
         let error = Format::parse(format).unwrap_err();
         assert!(error.contains(expected), "{format}: {error}");
     }
+}
+
+#[test]
+fn limits_keyed_by_a_header_cookie_or_query_replay_when_the_log_recorded_the_value() {
+    let policy = Policy::parse(
+        "replay.toml",
+        "[store]\nhash_key = \"a replay secret of some length\"\n[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n\
+         [limits.per_user]\nkey = { header = \"x-user-id\" }\ncapacity = 1\nrate = \"1/h\"\n\
+         [limits.per_session]\nkey = { cookie = \"session\" }\ncapacity = 1\nrate = \"1/h\"\n\
+         [limits.per_api_key]\nkey = { query = \"api_key\" }\nnormalize = \"lowercase\"\ncapacity = 1\nrate = \"1/h\"\n\
+         [[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"app\"\nlimits = [\"per_user\", \"per_session\", \"per_api_key\"]\n",
+    )
+    .unwrap();
+    let format = Format::parse(
+        "nginx:$remote_addr [$time_local] \"$request\" $status \"$http_x_user_id\" \"$cookie_session\" \"$arg_api_key\"",
+    )
+    .unwrap();
+    let mut replay = Replay::new(&policy);
+    let mut parser = LineParser::default();
+    for (second, user, session, api_key) in [
+        (1, "alice", "s1", "K1"),
+        (2, "alice", "s2", "k2"),
+        (3, "bob", "s1", "k3"),
+        (4, "carol", "s3", "k1"),
+        (5, "-", "-", "-"),
+    ] {
+        let line = format!(
+            "192.0.2.1 [04/Dec/2026:12:00:0{second} +0000] \"GET /api/x?api_key={api_key} HTTP/1.1\" 200 \"{user}\" \"{session}\" \"{api_key}\""
+        );
+        replay.decide(&parser.parse(&format, line.as_bytes()).unwrap().unwrap());
+    }
+    let report = replay.report();
+    let tally = |name: &str| {
+        let limit = report
+            .limits
+            .iter()
+            .find(|limit| limit.limit == name)
+            .unwrap();
+        (limit.refusals, limit.not_replayable)
+    };
+    // alice twice, session s1 twice, api key k1 twice (K1 normalized): one refusal each; the
+    // line that logged none of them is not replayable for any.
+    assert_eq!(tally("per_user"), (1, 1));
+    assert_eq!(tally("per_session"), (1, 1));
+    assert_eq!(tally("per_api_key"), (1, 1));
+    // Hashed as the gateway hashes them: the key the gateway's log would carry.
+    let per_user = report
+        .limits
+        .iter()
+        .find(|limit| limit.limit == "per_user")
+        .unwrap();
+    let hasher = crate::key::KeyHasher::from_secret(b"a replay secret of some length");
+    let mut expected = String::new();
+    crate::limit::KeyPart::Digest(hasher.digest(b"alice")).push_to(&mut expected);
+    assert_eq!(per_user.top_keys[0].0, expected);
 }

@@ -5,11 +5,23 @@
 #
 #   bench/replay.sh                      # 10^6 lines, 3 rounds
 #   BENCH_LINES=2000000 BENCH_ROUNDS=5 bench/replay.sh
+#   BENCH_FORMAT=combined bench/replay.sh     # the same requests as a combined log
+#   BENCH_FORMAT=nginx bench/replay.sh        # the combined log read through --format nginx:'…'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LINES=${BENCH_LINES:-1000000}
 ROUNDS=${BENCH_ROUNDS:-3}
+FORMAT=${BENCH_FORMAT:-json}
+case $FORMAT in
+  json) generated=json format=(--format json) ;;
+  combined) generated=combined format=(--format combined) ;;
+  nginx)
+    generated=combined
+    format=(--format 'nginx:$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent"')
+    ;;
+  *) echo "bench: BENCH_FORMAT is json, combined or nginx" >&2; exit 1 ;;
+esac
 
 echo "building release binaries..." >&2
 cargo build --release --quiet --bin tollgate --example replay_log
@@ -17,7 +29,7 @@ cargo build --release --quiet --bin tollgate --example replay_log
 source bench/common.sh
 
 log="$work/access.log"
-./target/release/examples/replay_log "$LINES" > "$log"
+./target/release/examples/replay_log "$LINES" "$generated" > "$log"
 bytes=$(stat -c %s "$log")
 cat "$log" > /dev/null # into the page cache
 
@@ -32,7 +44,7 @@ seconds() { # COMMAND...: wall seconds of one run
 replays=() cats=()
 for round in $(seq 1 "$ROUNDS"); do
   cats+=("$(seconds cat "$log")")
-  replays+=("$(seconds taskset -c 1 ./target/release/tollgate replay --config bench/replay.toml "$log")")
+  replays+=("$(seconds taskset -c 1 ./target/release/tollgate replay --config bench/replay.toml "${format[@]}" "$log")")
   echo "round $round: cat ${cats[-1]} s, replay ${replays[-1]} s" >&2
 done
 
@@ -48,4 +60,4 @@ printf 'replay: median %.3f s (range %s s): %.0f lines/s on one core (best round
 printf 'cat:    median %.3f s (range %s s): %.0f lines/s\n' \
   "$cat_median" "$(range "${cats[@]}")" "$(echo "$LINES / $cat_median" | bc -l)"
 printf 'replay takes %.1f× as long as cat\n' "$(echo "$replay_median / $cat_median" | bc -l)"
-./target/release/tollgate replay --config bench/replay.toml "$log" | head -12
+./target/release/tollgate replay --config bench/replay.toml "${format[@]}" "$log" | head -12

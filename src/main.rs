@@ -101,6 +101,10 @@ enum Command {
         /// Also write the report, with a chart per limit, as one self-contained HTML file.
         #[arg(long, value_name = "FILE.html")]
         report: Option<PathBuf>,
+        /// Decide the same log against this policy too, and report both side by side with
+        /// the keys one refuses and the other admits.
+        #[arg(long, value_name = "OTHER.toml")]
+        compare: Option<PathBuf>,
         /// Log files, in time order (`-`: standard input; gzip-compressed files too).
         #[arg(required = true, value_name = "LOG")]
         logs: Vec<String>,
@@ -149,8 +153,18 @@ fn main() -> ExitCode {
                 format,
                 json,
                 report,
+                compare,
                 logs,
-            } => Ok(replay(config, format, json, report, &logs)),
+            } => Ok(replay(
+                config,
+                ReplayOutput {
+                    format,
+                    json,
+                    html: report,
+                    compare,
+                },
+                &logs,
+            )),
             Command::Inspect(arguments) => Ok(key_command(false, arguments).await),
             Command::Reset(arguments) => Ok(key_command(true, arguments).await),
         }
@@ -290,24 +304,39 @@ fn admin_url(config: Option<PathBuf>) -> Result<String, String> {
     Ok(tollgate::admin::local_url(policy.admin.listen))
 }
 
-fn replay(
-    config: Option<PathBuf>,
+/// How `tollgate replay` reads its logs and what it writes.
+struct ReplayOutput {
     format: tollgate::replay::Format,
     json: bool,
     html: Option<PathBuf>,
-    logs: &[String],
-) -> ExitCode {
-    let path = config.unwrap_or_else(config::default_path);
-    let policy = match Policy::load(&path) {
-        Ok(policy) => policy,
-        Err(errors) => {
+    compare: Option<PathBuf>,
+}
+
+fn replay(config: Option<PathBuf>, output: ReplayOutput, logs: &[String]) -> ExitCode {
+    let load = |path: &PathBuf| {
+        Policy::load(path).map_err(|errors| {
             eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
+            ExitCode::from(2)
+        })
+    };
+    let path = config.unwrap_or_else(config::default_path);
+    let policy = match load(&path) {
+        Ok(policy) => policy,
+        Err(code) => return code,
+    };
+    let other_policy = match output.compare.as_ref().map(load).transpose() {
+        Ok(other) => other,
+        Err(code) => return code,
     };
     let mut replay = tollgate::replay::Replay::new(&policy);
-    let read = tollgate::replay::read_lines(logs, &format, |number, line| match line {
-        Ok(line) => replay.decide(&line),
+    let mut other = other_policy.as_ref().map(tollgate::replay::Replay::new);
+    let read = tollgate::replay::read_lines(logs, &output.format, |number, line| match line {
+        Ok(line) => {
+            replay.decide(&line);
+            if let Some(other) = &mut other {
+                other.decide(&line);
+            }
+        }
         Err(why) => replay.bad_line(number, why),
     });
     if let Err(error) = read {
@@ -315,16 +344,27 @@ fn replay(
         return ExitCode::FAILURE;
     }
     let report = replay.report();
-    if let Some(html) = &html {
-        if let Err(error) = std::fs::write(html, report.to_html(&path.display().to_string())) {
+    let comparison = other.zip(output.compare.as_ref()).map(|(other, path)| {
+        tollgate::replay::Comparison::new(&report, &other.report(), &path.display().to_string())
+    });
+    if let Some(html) = &output.html {
+        let page = report.to_html(&path.display().to_string(), comparison.as_ref());
+        if let Err(error) = std::fs::write(html, page) {
             eprintln!("tollgate: cannot write {}: {error}", html.display());
             return ExitCode::FAILURE;
         }
     }
-    if json {
-        println!("{}", report.to_json());
+    if output.json {
+        let mut json = report.to_json();
+        if let Some(comparison) = &comparison {
+            json["compare"] = comparison.to_json();
+        }
+        println!("{json}");
     } else {
         print!("{}", report.to_text());
+        if let Some(comparison) = &comparison {
+            print!("{}", comparison.to_text());
+        }
     }
     if report.lines == 0 {
         eprintln!(

@@ -4,6 +4,7 @@
 //! access log, or the client address for `client_network` limits). What a line cannot provide
 //! is counted as not replayable, never guessed.
 
+mod compare;
 mod flat_json;
 mod html;
 mod nginx_format;
@@ -24,6 +25,7 @@ use crate::key::KeyHasher;
 use crate::limit::{bucket, BucketState, Charge, KeyPart, Timestamp, Verdicts};
 use crate::{client_ip, key, path, route};
 
+pub use compare::{Compared, Comparison};
 pub use nginx_format::NginxFormat;
 pub use read::{read_lines, Format, LineParser, LogLine, LoggedField, LoggedKeys};
 pub use report::{LimitReport, Report};

@@ -247,6 +247,80 @@ fn an_nginx_log_in_its_own_format_replays_out_of_time_order() {
     assert!(stderr.contains("unbalanced"), "{stderr}");
 }
 
+#[test]
+fn compare_sets_two_policies_side_by_side_with_the_keys_only_one_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (policy, looser) = (
+        dir.path().join("policy.toml"),
+        dir.path().join("looser.toml"),
+    );
+    std::fs::write(&policy, POLICY).unwrap();
+    std::fs::write(&looser, POLICY.replacen("capacity = 3", "capacity = 5", 1)).unwrap();
+    // Client n sends n + 1 requests: capacity 3 refuses clients 3 to 7, capacity 5 only 5 to 7.
+    let mut log = String::new();
+    for client in 0..8u32 {
+        for request in 0..=client {
+            log.push_str(&format!(
+                "10.0.0.1 - - [01/Dec/2026:10:00:{:02} +0000] \"GET /api/x HTTP/1.1\" 200 1 \"-\" \"-\" \"198.51.100.{client}\"\n",
+                client * 7 + request
+            ));
+        }
+    }
+    let html = dir.path().join("report.html");
+    let arguments = |json: bool| {
+        let mut arguments = vec![
+            "--config".to_owned(),
+            policy.display().to_string(),
+            "--compare".to_owned(),
+            looser.display().to_string(),
+            "--report".to_owned(),
+            html.display().to_string(),
+        ];
+        if json {
+            arguments.push("--json".to_owned());
+        }
+        arguments.push("-".to_owned());
+        arguments
+    };
+    let json_arguments = arguments(true);
+    let json_arguments: Vec<&str> = json_arguments.iter().map(String::as_str).collect();
+    let (code, stdout, stderr) = replay(&json_arguments, log.as_bytes());
+    assert_eq!(code, Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let row = report["compare"]["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["limit"] == "per_client")
+        .unwrap()
+        .clone();
+    // Refused per client: max(0, n + 1 - 3) under this policy, max(0, n + 1 - 5) under the other.
+    assert_eq!(row["this"]["refusals"], 1 + 2 + 3 + 4 + 5);
+    assert_eq!(row["other"]["refusals"], 1 + 2 + 3);
+    assert_eq!(row["keys_refused_only_by_this"], 2);
+    assert_eq!(row["keys_refused_only_by_other"], 0);
+    assert_eq!(
+        row["some_keys_refused_only_by_this"],
+        serde_json::json!(["v4:198.51.100.3/32", "v4:198.51.100.4/32"])
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("Compared with <code>"),
+        "the page shows the comparison"
+    );
+    assert!(page.contains("v4:198.51.100.3/32"));
+
+    let text_arguments = arguments(false);
+    let text_arguments: Vec<&str> = text_arguments.iter().map(String::as_str).collect();
+    let (code, stdout, _) = replay(&text_arguments, log.as_bytes());
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("compared with"), "{stdout}");
+    assert!(
+        stdout.contains("refused only by this policy:  v4:198.51.100.3/32"),
+        "{stdout}"
+    );
+}
+
 /// A JSON access line as the gateway writes it.
 fn access_line(seconds: u32, user: u32) -> String {
     format!(
@@ -269,7 +343,10 @@ fn the_html_report_renders_its_charts_in_a_browser() {
             "capacity = 1\nrate = \"1/h\"",
             "capacity = 5\nrate = \"2/min\"",
         );
-    std::fs::write(&policy, smoother).unwrap();
+    std::fs::write(&policy, &smoother).unwrap();
+    // The page also compares with a stricter policy: the comparison is part of it.
+    let stricter = dir.path().join("stricter.toml");
+    std::fs::write(&stricter, smoother.replace("capacity = 5", "capacity = 2")).unwrap();
     // Ten users, a request a minute each for half an hour (never refused); user 1 sends one
     // every two seconds throughout, and 3 in 4 of them are refused.
     let mut log = String::new();
@@ -296,12 +373,18 @@ fn the_html_report_renders_its_charts_in_a_browser() {
             policy.to_str().unwrap(),
             "--report",
             page.to_str().unwrap(),
+            "--compare",
+            stricter.to_str().unwrap(),
             log_file.to_str().unwrap(),
         ],
         b"",
     );
     assert_eq!(code, Some(0), "{stderr}");
     let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("Compared with <code>"),
+        "the comparison is on the page"
+    );
     assert!(!html.contains("<script"), "the page needs no scripts");
     assert!(
         !html.contains("src=") && !html.contains("href="),

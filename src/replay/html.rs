@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::svg::{self, escape};
-use super::Report;
+use super::{Comparison, Report};
 
 /// Bars in a timeline chart: enough to see an hour's burst in a day.
 const TIMELINE_BARS: usize = 240;
@@ -17,8 +17,9 @@ section{margin-top:2.5em}h2{font-size:1.15em}.note{color:#666}.key{font-family:m
 .legend span{display:inline-block;width:.8em;height:.8em;margin:0 .3em 0 1em}";
 
 impl Report {
-    /// The whole page; `policy` names the policy file replayed.
-    pub fn to_html(&self, policy: &str) -> String {
+    /// The whole page; `policy` names the policy file replayed, `comparison` the same log
+    /// under another policy (`--compare`).
+    pub fn to_html(&self, policy: &str, comparison: Option<&Comparison>) -> String {
         let mut page = String::with_capacity(64 * 1024);
         let _ = write!(
             page,
@@ -51,6 +52,9 @@ impl Report {
             );
         }
         page.push_str("</table>");
+        if let Some(comparison) = comparison {
+            page.push_str(&comparison.to_html());
+        }
         for limit in &self.limits {
             section(&mut page, limit);
         }

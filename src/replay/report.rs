@@ -63,6 +63,8 @@ pub struct LimitReport {
     pub keys_refused: u64,
     /// The keys refused most, with their refusals.
     pub top_keys: Vec<(String, u64)>,
+    /// Every key refused at least once, in order (what `--compare` sets side by side).
+    pub refused_keys: Vec<String>,
     /// The smallest capacity (at the limit's rate) that never refuses 99 % of keys, and every
     /// key; `None` for a quota.
     pub capacity_for_99_percent: Option<f64>,
@@ -114,6 +116,8 @@ pub(super) fn report(replay: &Replay<'_>) -> Report {
                 .collect();
             top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             let keys_refused = top.len() as u64;
+            let mut refused_keys: Vec<String> = top.iter().map(|(key, _)| key.clone()).collect();
+            refused_keys.sort();
             top.truncate(10);
             // The bucket is the limit's, whatever route charged it: so is the suggestion.
             let mut needed: Vec<f64> = keys.usage.iter().map(|usage| usage.needed).collect();
@@ -133,6 +137,7 @@ pub(super) fn report(replay: &Replay<'_>) -> Report {
                 not_replayable: tally.not_replayable,
                 keys_refused,
                 top_keys: top,
+                refused_keys,
                 capacity_for_99_percent: quantile(0.99),
                 capacity_for_all: quantile(1.0),
                 capacity: entry.limit.capacity,
@@ -239,7 +244,7 @@ impl Report {
 }
 /// Text from a log as a terminal may show it: control characters (an escape sequence a log
 /// line carried, a carriage return) written as `\u{1b}`, never acted on.
-fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+pub(super) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     if !text.chars().any(char::is_control) {
         return std::borrow::Cow::Borrowed(text);
     }

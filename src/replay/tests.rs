@@ -221,7 +221,7 @@ fn a_report_page_holds_a_chart_per_limit_and_escapes_names() {
             "192.0.2.1",
         ));
     }
-    let page = replay.report().to_html("policy <&>.toml");
+    let page = replay.report().to_html("policy <&>.toml", None);
     assert!(page.contains("policy &lt;&amp;&gt;.toml"));
     assert!(page.contains("h:&lt;alice&gt;"));
     assert!(!page.contains("<alice>"));

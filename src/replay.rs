@@ -255,7 +255,8 @@ fn key_from_logged_values(
     }
     let mut headers = http::HeaderMap::new();
     let mut cookies = String::new();
-    let mut query = form_urlencoded::Serializer::new(String::new());
+    let mut query = String::new();
+    let mut args = form_urlencoded::Serializer::new(String::new());
     for (field, value) in &line.logged {
         match field {
             LoggedField::Header(name) => {
@@ -274,7 +275,13 @@ fn key_from_logged_values(
                 cookies.push_str(value);
             }
             LoggedField::Arg(name) => {
-                query.append_pair(name, value);
+                args.append_pair(name, value);
+            }
+            LoggedField::Query => {
+                if !query.is_empty() {
+                    query.push('&');
+                }
+                query.push_str(value);
             }
         }
     }
@@ -283,7 +290,13 @@ fn key_from_logged_values(
             headers.append(http::header::COOKIE, cookies);
         }
     }
-    let query = query.finish();
+    let args = args.finish();
+    if !args.is_empty() {
+        if !query.is_empty() {
+            query.push('&');
+        }
+        query.push_str(&args);
+    }
     let client = client.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
     let facts = key::RequestFacts::new(
         client,

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
-use super::read::{origin_path, LogLine, LoggedField};
+use super::read::{origin_path, query_of, LogLine, LoggedField};
 use super::time::{CombinedTime, JsonTime};
 
 /// A compiled `log_format`.
@@ -52,6 +52,7 @@ impl Variable {
             "uri" => Variable::Uri,
             "status" => Variable::Status,
             "http_x_forwarded_for" => Variable::ForwardedFor,
+            "args" | "query_string" => Variable::Logged(LoggedField::Query),
             _ => {
                 let logged = if let Some(header) = name.strip_prefix("http_") {
                     LoggedField::Header(header.replace('_', "-"))
@@ -220,6 +221,12 @@ impl<'a> Fields<'a> {
             .unwrap_or_else(|| request.next().unwrap_or(""));
         let path = origin_path(target);
         let status = self.status.and_then(|status| status.parse::<u16>().ok());
+        let mut logged = self.logged;
+        if !logged.iter().any(|(field, _)| *field == LoggedField::Query) {
+            if let Some(query) = query_of(target) {
+                logged.push((LoggedField::Query, Cow::Borrowed(query)));
+            }
+        }
         Ok(LogLine {
             time,
             method,
@@ -231,7 +238,7 @@ impl<'a> Fields<'a> {
             keys: None,
             // A request the server could not read reached no limit.
             decided: path.is_some() && !method.is_empty() && status != Some(400),
-            logged: self.logged,
+            logged,
         })
     }
 }

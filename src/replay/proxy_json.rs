@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::read::{origin_path, text, LogLine, LoggedField};
+use super::read::{origin_path, query_of, text, LogLine, LoggedField};
 use super::time::JsonTime;
 
 #[derive(serde::Deserialize)]
@@ -47,6 +47,7 @@ pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
     let request = parsed.request.ok_or("no request")?;
     let method = borrowed_method(request.method.ok_or("no request.method")?)?;
     let uri = request.uri.ok_or("no request.uri")?;
+    let query = query_of(&uri).map(|query| Cow::Owned(query.to_owned()));
     // The header's lines, as the gateway reads them: one chain.
     let forwarded_for = request
         .headers
@@ -64,6 +65,7 @@ pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
             let field = LoggedField::Header(name.to_ascii_lowercase());
             values.into_iter().map(move |value| (field.clone(), value))
         })
+        .chain(query.map(|query| (LoggedField::Query, query)))
         .collect();
     Ok(Some(LogLine {
         time: parsed.ts.ok_or("no ts")?,
@@ -113,6 +115,7 @@ pub(super) fn traefik<'a>(
     };
     let path = parsed.path.ok_or("no RequestPath")?;
     let status = parsed.status.unwrap_or(0);
+    let query = query_of(&path).map(|query| Cow::Owned(query.to_owned()));
     let logged = parsed
         .other
         .into_iter()
@@ -123,6 +126,7 @@ pub(super) fn traefik<'a>(
             };
             Some((LoggedField::Header(header), Cow::Owned(value)))
         })
+        .chain(query.map(|query| (LoggedField::Query, query)))
         .collect();
     Ok(Some(LogLine {
         time: time.parse(&parsed.start.ok_or("no StartUTC")?)?,

@@ -95,6 +95,15 @@ pub enum LoggedField {
     Header(String),
     Cookie(String),
     Arg(String),
+    /// The request's whole query string (`$args`, or the query of a logged target).
+    Query,
+}
+
+/// The query of a request target, if it has one.
+pub(super) fn query_of(target: &str) -> Option<&str> {
+    let (_, query) = target.split_once('?')?;
+    let query = query.split('#').next().unwrap_or(query);
+    (!query.is_empty()).then_some(query)
 }
 
 impl<'a> LogLine<'a> {
@@ -258,6 +267,9 @@ impl LineParser {
         let mut parts = request.split(' ');
         let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
         let path = origin_path(target);
+        let logged = query_of(target)
+            .map(|query| vec![(LoggedField::Query, Cow::Borrowed(query))])
+            .unwrap_or_default();
         Ok(LogLine {
             time,
             method,
@@ -268,7 +280,7 @@ impl LineParser {
             // A request line the server could not read (logged as "-", or a 400 for garbage)
             // reached no limit.
             decided: path.is_some() && !method.is_empty() && status != 400,
-            logged: Vec::new(),
+            logged,
         })
     }
 }

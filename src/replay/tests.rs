@@ -487,8 +487,13 @@ fn limits_keyed_by_a_header_cookie_or_query_replay_when_the_log_recorded_the_val
         (4, "carol", "s3", "k1"),
         (5, "-", "-", "-"),
     ] {
+        // The last request carried none of the three values (nginx logs them as `-`).
+        let target = match api_key {
+            "-" => "/api/x".to_owned(),
+            api_key => format!("/api/x?api_key={api_key}"),
+        };
         let line = format!(
-            "192.0.2.1 [04/Dec/2026:12:00:0{second} +0000] \"GET /api/x?api_key={api_key} HTTP/1.1\" 200 \"{user}\" \"{session}\" \"{api_key}\""
+            "192.0.2.1 [04/Dec/2026:12:00:0{second} +0000] \"GET {target} HTTP/1.1\" 200 \"{user}\" \"{session}\" \"{api_key}\""
         );
         replay.decide(&parser.parse(&format, line.as_bytes()).unwrap().unwrap());
     }
@@ -516,4 +521,43 @@ fn limits_keyed_by_a_header_cookie_or_query_replay_when_the_log_recorded_the_val
     let mut expected = String::new();
     crate::limit::KeyPart::Digest(hasher.digest(b"alice")).push_to(&mut expected);
     assert_eq!(per_user.top_keys[0].0, expected);
+}
+
+#[test]
+fn a_query_keyed_limit_replays_from_the_logged_target_of_any_format() {
+    let policy = Policy::parse(
+        "replay.toml",
+        "[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n[limits.per_api_key]\nkey = { query = \"api_key\" }\ncapacity = 1\nrate = \"1/h\"\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"app\"\nlimits = [\"per_api_key\"]\n",
+    )
+    .unwrap();
+    let mut replay = Replay::new(&policy);
+    let mut parser = LineParser::default();
+    for (second, key) in [(1, "k1"), (2, "k1"), (3, "k2")] {
+        let line = format!(
+            "192.0.2.1 - - [04/Dec/2026:12:00:0{second} +0000] \"GET /api/x?page=2&api_key={key} HTTP/1.1\" 200 5 \"-\" \"-\""
+        );
+        replay.decide(
+            &parser
+                .parse(&Format::Combined, line.as_bytes())
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let caddy = String::from_utf8_lossy(CADDY).replace("/api/login?next=%2F", "/api/x?api_key=k2");
+    replay.decide(
+        &parser
+            .parse(&Format::Caddy, caddy.as_bytes())
+            .unwrap()
+            .unwrap(),
+    );
+    let report = replay.report();
+    assert_eq!(
+        (
+            report.limits[0].requests,
+            report.limits[0].refusals,
+            report.limits[0].not_replayable
+        ),
+        (4, 2, 0),
+        "k1 twice and k2 twice (once through Caddy's log), capacity 1"
+    );
 }

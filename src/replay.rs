@@ -154,7 +154,8 @@ impl<'p> Replay<'p> {
         let normalized = path::normalize(&line.path);
         let match_path = path::for_matching(&normalized, self.policy.server.path_matching);
         let routes = &self.policy.routes;
-        let Some(route_index) = route::find(routes, None, &method, &match_path)
+        let host = line.host.as_deref().map(route::host_name);
+        let Some(route_index) = route::find(routes, host.as_deref(), &method, &match_path)
             .and_then(|found| routes.iter().position(|route| std::ptr::eq(route, found)))
         else {
             self.unrouted += 1;

@@ -41,6 +41,13 @@ fn matches(route: &Route, host: Option<&str>, method: &Method, path: &MatchPath<
     }
 }
 
+/// A request's host as routes compare it: lower case, without its port.
+pub fn host_name(host: &str) -> String {
+    host.parse::<http::uri::Authority>()
+        .map(|authority| authority.host().to_ascii_lowercase())
+        .unwrap_or_else(|_| host.to_ascii_lowercase())
+}
+
 /// Exact paths tolerate one trailing slash; prefixes match whole segments only.
 pub fn path_matches(rule: &PathMatch, path: &str) -> bool {
     match rule {

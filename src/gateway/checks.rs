@@ -194,10 +194,7 @@ const REG_NAME_BYTES: [bool; 256] = {
 };
 
 pub(super) fn host_without_port(host: &HeaderValue) -> String {
-    let text = host.to_str().unwrap_or_default();
-    text.parse::<http::uri::Authority>()
-        .map(|authority| authority.host().to_ascii_lowercase())
-        .unwrap_or_else(|_| text.to_ascii_lowercase())
+    crate::route::host_name(host.to_str().unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ enum Variable {
     Uri,
     Status,
     ForwardedFor,
+    Host,
     /// `$http_NAME`, `$cookie_NAME`, `$arg_NAME`: values a limit may be keyed by.
     Logged(LoggedField),
     Other,
@@ -53,6 +54,7 @@ impl Variable {
             "status" => Variable::Status,
             "http_x_forwarded_for" => Variable::ForwardedFor,
             "args" | "query_string" => Variable::Logged(LoggedField::Query),
+            "host" => Variable::Host,
             _ => {
                 let logged = if let Some(header) = name.strip_prefix("http_") {
                     LoggedField::Header(header.replace('_', "-"))
@@ -174,6 +176,7 @@ struct Fields<'a> {
     uri: Option<&'a str>,
     status: Option<&'a str>,
     forwarded_for: Option<&'a str>,
+    host: Option<&'a str>,
     logged: Vec<(LoggedField, Cow<'a, str>)>,
 }
 
@@ -191,6 +194,7 @@ impl<'a> Fields<'a> {
             Variable::Uri => &mut self.uri,
             Variable::Status => &mut self.status,
             Variable::ForwardedFor => &mut self.forwarded_for,
+            Variable::Host => &mut self.host,
             Variable::Logged(field) => {
                 if let Some(value) = value {
                     self.logged.push((field.clone(), Cow::Borrowed(value)));
@@ -235,6 +239,7 @@ impl<'a> Fields<'a> {
                 .remote_addr
                 .and_then(|address| address.parse::<IpAddr>().ok()),
             forwarded_for: self.forwarded_for.map(Cow::Borrowed),
+            host: self.host.map(Cow::Borrowed),
             keys: None,
             // A request the server could not read reached no limit.
             decided: path.is_some() && !method.is_empty() && status != Some(400),

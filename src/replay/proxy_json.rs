@@ -29,6 +29,8 @@ struct CaddyRequest<'a> {
     method: Option<Cow<'a, str>>,
     #[serde(borrow, default, deserialize_with = "text")]
     uri: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    host: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     headers: HashMap<Cow<'a, str>, Vec<Cow<'a, str>>>,
 }
@@ -73,6 +75,7 @@ pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
         path: path_of(uri)?,
         client: request.remote_ip.and_then(|address| address.parse().ok()),
         forwarded_for,
+        host: request.host,
         keys: None,
         decided: status != 400,
         logged,
@@ -87,6 +90,8 @@ struct TraefikLine<'a> {
     method: Option<Cow<'a, str>>,
     #[serde(rename = "RequestPath", borrow, default, deserialize_with = "text")]
     path: Option<Cow<'a, str>>,
+    #[serde(rename = "RequestHost", borrow, default, deserialize_with = "text")]
+    host: Option<Cow<'a, str>>,
     #[serde(rename = "StartUTC", borrow, default, deserialize_with = "text")]
     start: Option<Cow<'a, str>>,
     #[serde(rename = "DownstreamStatus", default)]
@@ -134,6 +139,7 @@ pub(super) fn traefik<'a>(
         path: path_of(path)?,
         client: parsed.client_host.and_then(|host| host.parse().ok()),
         forwarded_for: parsed.forwarded_for.filter(|chain| chain != "-"),
+        host: parsed.host,
         keys: None,
         decided: status != 400,
         logged,

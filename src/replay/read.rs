@@ -77,6 +77,8 @@ pub struct LogLine<'a> {
     pub client: Option<IpAddr>,
     /// `X-Forwarded-For` as the log recorded it, for `[client_ip]` to resolve.
     pub forwarded_for: Option<Cow<'a, str>>,
+    /// The request's host (`Host`), for routes that match one; `None` when not logged.
+    pub host: Option<Cow<'a, str>>,
     /// Each applied limit's store key, as the gateway logged it (`limit=key,…`); `None` when
     /// the format carries no keys.
     pub keys: Option<Cow<'a, str>>,
@@ -214,6 +216,7 @@ impl LineParser {
             path: json.path.ok_or("no path")?,
             client: json.client.and_then(|client| client.parse().ok()),
             forwarded_for: None,
+            host: None,
             keys: Some(json.keys.unwrap_or_default()),
             decided: matches!(
                 json.outcome.as_deref(),
@@ -276,6 +279,7 @@ impl LineParser {
             path: Cow::Borrowed(path.unwrap_or("")),
             client: Some(client),
             forwarded_for,
+            host: None,
             keys: None,
             // A request line the server could not read (logged as "-", or a 400 for garbage)
             // reached no limit.

@@ -15,6 +15,7 @@ fn line(time: f64, user: Option<&str>, client: &str) -> LogLine<'static> {
         path: "/api/x".into(),
         client: client.parse().ok(),
         forwarded_for: None,
+        host: None,
         keys: Some(
             user.map(|user| format!("per_user=h:{user}"))
                 .unwrap_or_default()
@@ -559,5 +560,38 @@ fn a_query_keyed_limit_replays_from_the_logged_target_of_any_format() {
         ),
         (4, 2, 0),
         "k1 twice and k2 twice (once through Caddy's log), capacity 1"
+    );
+}
+
+#[test]
+fn a_logged_host_meets_the_routes_that_match_one() {
+    let policy = Policy::parse(
+        "replay.toml",
+        "[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n[limits.shop]\nkey = \"global\"\ncapacity = 1\nrate = \"1/h\"\n\
+         [[routes]]\nname = \"shop\"\nhost = \"shop.example.com\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimits = [\"shop\"]\n\
+         [[routes]]\nname = \"rest\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+    )
+    .unwrap();
+    let format = Format::parse("nginx:$host [$time_local] \"$request\" $status").unwrap();
+    let mut replay = Replay::new(&policy);
+    let mut parser = LineParser::default();
+    for (second, host) in [
+        (1, "SHOP.example.com:443"),
+        (2, "shop.example.com"),
+        (3, "other.example.com"),
+    ] {
+        let line = format!("{host} [04/Dec/2026:12:00:0{second} +0000] \"GET / HTTP/1.1\" 200");
+        replay.decide(&parser.parse(&format, line.as_bytes()).unwrap().unwrap());
+    }
+    let report = replay.report();
+    let shop = report
+        .limits
+        .iter()
+        .find(|limit| limit.route == "shop")
+        .unwrap();
+    assert_eq!(
+        (shop.requests, shop.refusals),
+        (2, 1),
+        "the host in any case, with a port"
     );
 }

@@ -1164,6 +1164,20 @@ async fn a_bucket_in_an_earlier_versions_hash_is_taken_over() {
     assert!(tokens < 0.01, "both tokens spent: {tokens}");
 }
 
+/// The Redis store (`{redis}`) and the upstream `app` (`{upstream}`), for a test's limits
+/// and routes to follow.
+const STORE_AND_APP: &str = r#"
+[store]
+backend = "redis"
+url = "{redis}"
+timeout = "2s"
+prefix = "tg:"
+hash_key = "test-secret-0123456789"
+
+[upstreams.app]
+url = "http://{upstream}"
+"#;
+
 /// The Redis server's time in microseconds.
 fn redis_time_us(redis: &RedisServer) -> f64 {
     let reply = redis.cli(&["TIME"]);
@@ -1177,17 +1191,8 @@ fn redis_time_us(redis: &RedisServer) -> f64 {
 async fn a_bucket_stored_ahead_of_redis_time_keeps_its_moment_and_refills_nothing() {
     // As after a failover to a node whose clock is behind the one that wrote the buckets, or
     // a clock stepped back: the stored moment is ahead of the server's time.
-    let policy = r#"
-[store]
-backend = "redis"
-url = "{redis}"
-timeout = "2s"
-prefix = "tg:"
-hash_key = "test-secret-0123456789"
-
-[upstreams.app]
-url = "http://{upstream}"
-
+    let policy = STORE_AND_APP.to_owned()
+        + r#"
 [limits.everyone]
 key = "global"
 capacity = 5
@@ -1269,17 +1274,8 @@ fn clock_shift_library(dir: &std::path::Path) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restarted_with_its_clock_behind_refills_nothing_twice() {
-    let policy = r#"
-[store]
-backend = "redis"
-url = "{redis}"
-timeout = "2s"
-prefix = "tg:"
-hash_key = "test-secret-0123456789"
-
-[upstreams.app]
-url = "http://{upstream}"
-
+    let policy = STORE_AND_APP.to_owned()
+        + r#"
 [limits.everyone]
 key = "global"
 capacity = 5
@@ -1341,17 +1337,8 @@ on_store_failure = "deny"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_lease_keeps_a_stored_moment_ahead_of_redis_time() {
-    let policy = r#"
-[store]
-backend = "redis"
-url = "{redis}"
-timeout = "2s"
-prefix = "tg:"
-hash_key = "test-secret-0123456789"
-
-[upstreams.app]
-url = "http://{upstream}"
-
+    let policy = STORE_AND_APP.to_owned()
+        + r#"
 [limits.everyone]
 key = "global"
 capacity = 100

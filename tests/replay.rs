@@ -24,6 +24,17 @@ fn replay(args: &[&str], input: &[u8]) -> (Option<i32>, String, String) {
     )
 }
 
+/// The row of the limit `name` in a `--json` report.
+fn limit_named(report: &serde_json::Value, name: &str) -> serde_json::Value {
+    report["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|limit| limit["limit"] == name)
+        .unwrap_or_else(|| panic!("no limit {name} in {report}"))
+        .clone()
+}
+
 /// Two limits on one route: one keyed by the client's network, which a combined log can
 /// replay, and one keyed by a header, which it cannot. Behind one proxy hop.
 const POLICY: &str = r#"
@@ -96,15 +107,7 @@ fn a_combined_log_on_standard_input_replays_what_it_can_and_says_what_it_cannot(
     );
     assert_eq!(report["bad_lines"], 1);
     assert_eq!(report["first_bad_lines"][0]["line"], requests + 3);
-    let limit = |name: &str| {
-        report["limits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|limit| limit["limit"] == name)
-            .unwrap()
-            .clone()
-    };
+    let limit = |name: &str| limit_named(&report, name);
     let per_client = limit("per_client");
     assert_eq!(per_client["requests"], requests);
     assert_eq!(per_client["refusals"].as_u64(), Some(expected_refusals));
@@ -177,12 +180,7 @@ fn caddy_and_traefik_logs_in_two_files_are_told_apart_and_read_as_one_log() {
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["lines"], 5);
     assert_eq!(report["bad_lines"], 0);
-    let per_client = report["limits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|limit| limit["limit"] == "per_client")
-        .unwrap();
+    let per_client = limit_named(&report, "per_client");
     assert_eq!(per_client["refusals"], 2);
     assert_eq!(per_client["top_keys"][0]["key"], "v4:198.51.100.9/32");
 }
@@ -224,12 +222,7 @@ fn an_nginx_log_in_its_own_format_replays_out_of_time_order() {
         (report["lines"].clone(), report["bad_lines"].clone()),
         (6.into(), 0.into())
     );
-    let per_client = report["limits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|limit| limit["limit"] == "per_client")
-        .unwrap();
+    let per_client = limit_named(&report, "per_client");
     assert_eq!(per_client["refusals"], 3);
 
     // A format that cannot be read is refused before any line is.

@@ -201,6 +201,10 @@ fn an_nginx_log_in_its_own_format_replays_out_of_time_order() {
             )
         })
         .collect();
+    // A line of another shape, and one that is not UTF-8: bad lines, counted with their numbers.
+    let mut log = log.into_bytes();
+    log.extend_from_slice(b"10.0.0.1 - - [04/Dec/2026:12:00:10 +0000] \"GET / HTTP/1.1\" 200 5\n");
+    log.extend_from_slice(b"10.0.0.1|04/Dec/2026:12:00:11 +0000|GET /api/\xff HTTP/1.1|200|0|-\n");
     let file = dir.path().join("access.log");
     std::fs::write(&file, log).unwrap();
     let format =
@@ -220,8 +224,12 @@ fn an_nginx_log_in_its_own_format_replays_out_of_time_order() {
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(
         (report["lines"].clone(), report["bad_lines"].clone()),
-        (6.into(), 0.into())
+        (6.into(), 2.into())
     );
+    assert_eq!(report["first_bad_lines"][0]["line"], 7);
+    assert_eq!(report["first_bad_lines"][1]["line"], 8);
+    let why = report["first_bad_lines"][1]["why"].as_str().unwrap();
+    assert!(why.contains("UTF-8"), "{why}");
     let per_client = limit_named(&report, "per_client");
     assert_eq!(per_client["refusals"], 3);
 

@@ -114,7 +114,8 @@ pub(crate) async fn accept(listener: &TcpListener) -> Option<(TcpStream, SocketA
     match listener.accept().await {
         Ok(accepted) => Some(accepted),
         Err(error) => {
-            tracing::warn!(%error, "accept failed");
+            let address = listener.local_addr().ok();
+            tracing::warn!(%error, ?address, "accept failed");
             tokio::time::sleep(ACCEPT_BACK_OFF).await;
             None
         }

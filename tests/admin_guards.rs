@@ -170,3 +170,83 @@ async fn past_max_connections_healthz_answers_and_the_rest_is_503() {
     );
     assert!(metric(&scrape, "tollgate_admin_connections_over_limit_total") >= 3.0);
 }
+
+/// Out of file descriptors, neither accept loop spins: each backs off 50 ms after a failed
+/// accept. Counted from the gateway's own warnings, not from its CPU, so that a loaded machine
+/// cannot make a spinning loop look idle.
+#[test]
+fn out_of_file_descriptors_the_accept_loops_back_off() {
+    use std::io::Read as _;
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .unwrap()
+            .port()
+    };
+    let (listen, admin) = (free(), free());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:{listen}\"]\nheader_read_timeout = \"30s\"\n\
+             [admin]\nlisten = \"127.0.0.1:{admin}\"\n\
+             [upstreams.app]\nurl = \"http://127.0.0.1:9\"\n\
+             [[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n"
+        ),
+    )
+    .unwrap();
+    // 40 descriptors: the process's own and a handful of connections.
+    let mut gateway = std::process::Command::new("prlimit")
+        .args(["--nofile=40:40", "--"])
+        .arg(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["--worker-threads", "1", "run", "--config"])
+        .arg(&file)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("prlimit (util-linux) and tollgate");
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", admin)).is_err() {
+        assert!(started.elapsed() < LONG_AFTER, "the gateway did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Connections that send nothing hold descriptors until the header read timeout; the
+    // kernel keeps accepting more into the backlog, which the gateway cannot take.
+    let mut held = Vec::new();
+    for port in [listen, admin].into_iter().cycle().take(120) {
+        if let Ok(stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            held.push(stream);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = gateway.kill();
+    let mut stderr = String::new();
+    gateway
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let _ = gateway.wait();
+    let failures: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("accept failed"))
+        .collect();
+    // Both listeners ran out, and went through the one accept that backs off.
+    for port in [listen, admin] {
+        let of_port = format!("127.0.0.1:{port}");
+        assert!(
+            failures.iter().any(|line| line.contains(&of_port)),
+            "no failed accept of {of_port} was logged:\n{stderr}"
+        );
+    }
+    // Two listeners backing off 50 ms for 1.5 s fail at most about 60 times; a loop that
+    // retries at once fails thousands of times, even on a busy machine.
+    let failed = failures.len();
+    assert!(
+        failed < 150,
+        "{failed} failed accepts in 1.5 s: an accept loop spins"
+    );
+}

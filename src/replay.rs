@@ -7,6 +7,7 @@
 mod compare;
 mod flat_json;
 mod html;
+mod log_line;
 mod nginx_format;
 mod proxy_json;
 mod read;

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
-use super::read::{origin_path, query_of, LogLine, LoggedField};
+use super::log_line::{origin_path, query_of, LogLine, LoggedField};
 use super::time::{CombinedTime, JsonTime};
 
 /// A compiled `log_format`.

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::read::{origin_path, query_of, text, LogLine, LoggedField};
+use super::log_line::{origin_path, query_of, text, LogLine, LoggedField};
 use super::time::JsonTime;
 
 #[derive(serde::Deserialize)]

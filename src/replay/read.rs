@@ -6,6 +6,8 @@ use std::borrow::Cow;
 use std::io::{BufRead, BufReader, Read};
 use std::net::IpAddr;
 
+use super::log_line::{origin_path, query_of, text};
+pub use super::log_line::{LogLine, LoggedField, LoggedKeys};
 use super::nginx_format::NginxFormat;
 use super::time::{CombinedTime, JsonTime};
 use super::{flat_json, proxy_json};
@@ -63,90 +65,6 @@ impl Format {
             Format::Json
         }
     }
-}
-
-/// What replay needs of one logged request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LogLine<'a> {
-    /// Unix seconds.
-    pub time: f64,
-    pub method: &'a str,
-    pub path: Cow<'a, str>,
-    /// The logged client (`client`), or the TCP peer (`$remote_addr`) when `forwarded_for` is
-    /// set.
-    pub client: Option<IpAddr>,
-    /// `X-Forwarded-For` as the log recorded it, for `[client_ip]` to resolve.
-    pub forwarded_for: Option<Cow<'a, str>>,
-    /// The request's host (`Host`), for routes that match one; `None` when not logged.
-    pub host: Option<Cow<'a, str>>,
-    /// Each applied limit's store key, as the gateway logged it (`limit=key,…`); `None` when
-    /// the format carries no keys.
-    pub keys: Option<Cow<'a, str>>,
-    /// The gateway took a decision on it (not a bad request, not an unrouted one).
-    pub decided: bool,
-    /// Header, cookie and query values the log recorded (nginx's `$http_NAME`,
-    /// `$cookie_NAME`, `$arg_NAME`; the headers Caddy and Traefik log), for limits keyed by
-    /// them.
-    pub logged: Vec<(LoggedField, Cow<'a, str>)>,
-}
-
-/// What a logged value is: a request header (its name in lower case), a cookie or a query
-/// parameter.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LoggedField {
-    Header(String),
-    Cookie(String),
-    Arg(String),
-    /// The request's whole query string (`$args`, or the query of a logged target).
-    Query,
-}
-
-/// The query of a request target, if it has one.
-pub(super) fn query_of(target: &str) -> Option<&str> {
-    let (_, query) = target.split_once('?')?;
-    let query = query.split('#').next().unwrap_or(query);
-    (!query.is_empty()).then_some(query)
-}
-
-impl<'a> LogLine<'a> {
-    /// The keys the gateway logged, to be asked for in the route's order of limits.
-    pub fn logged_keys(&self) -> LoggedKeys<'_> {
-        let all = self.keys.as_deref();
-        LoggedKeys { all, rest: all }
-    }
-}
-
-/// A line's logged keys (`limit=key,…`). The gateway writes them in its route's order of
-/// limits, so asked in that order each is found where the last one ended.
-pub struct LoggedKeys<'a> {
-    all: Option<&'a str>,
-    rest: Option<&'a str>,
-}
-
-impl<'a> LoggedKeys<'a> {
-    /// The key logged for `limit`.
-    pub fn key(&mut self, limit: &str) -> Option<&'a str> {
-        if let Some((key, rest)) = self.rest.and_then(|rest| first_pair(rest, limit)) {
-            self.rest = rest;
-            return Some(key);
-        }
-        let mut pairs = self.all?;
-        loop {
-            match first_pair(pairs, limit) {
-                Some((key, _)) => return Some(key),
-                None => pairs = &pairs[memchr::memchr(b',', pairs.as_bytes())? + 1..],
-            }
-        }
-    }
-}
-
-/// When `pairs` starts with `limit=key`: the key, and the pairs after it.
-fn first_pair<'a>(pairs: &'a str, limit: &str) -> Option<(&'a str, Option<&'a str>)> {
-    let rest = pairs.strip_prefix(limit)?.strip_prefix('=')?;
-    Some(match memchr::memchr(b',', rest.as_bytes()) {
-        Some(comma) => (&rest[..comma], Some(&rest[comma + 1..])),
-        None => (rest, None),
-    })
 }
 
 /// Opens `path` (`-`: standard input), decompressing gzip (told by its first bytes).
@@ -312,18 +230,6 @@ pub(super) struct AccessFields<'a> {
     keys: Option<Cow<'a, str>>,
 }
 
-/// A string field, borrowed unless it holds an escape (serde borrows a `Cow` only as a field
-/// of its own, not inside an `Option`).
-pub(super) fn text<'de, D: serde::Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<Cow<'de, str>>, D::Error> {
-    #[derive(serde::Deserialize)]
-    struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
-    Ok(Some(
-        <Text<'de> as serde::Deserialize>::deserialize(deserializer)?.0,
-    ))
-}
-
 impl<'a> AccessFields<'a> {
     /// The fast way: a flat line without escapes, as tollgate writes it. `None` for any
     /// other line, and for one that serde_json would not read the same (a field twice, or not
@@ -353,17 +259,6 @@ impl<'a> AccessFields<'a> {
     pub(super) fn deserialize(line: &'a str) -> Result<AccessFields<'a>, String> {
         serde_json::from_str(line).map_err(|error| format!("not a JSON log line: {error}"))
     }
-}
-
-/// The path of a request target (origin form, or absolute form), without its query.
-pub(super) fn origin_path(target: &str) -> Option<&str> {
-    let target = match target.split_once("://") {
-        Some((_scheme, rest)) => &rest[rest.find('/')?..],
-        None => target,
-    };
-    target
-        .starts_with('/')
-        .then(|| target.split(['?', '#']).next().unwrap_or(target))
 }
 
 /// The double-quoted fields of a combined line, in order (`\"` inside one is Apache's escape).

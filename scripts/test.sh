@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a machine that has the Rust toolchain: finds what the tests need
-# (redis-server and redis-cli, promtool, python3 with kubernetes-validate, Chromium),
-# installs what is missing from Debian's packages and PyPI when it can, says what it does,
-# then runs `cargo test`. Arguments go to cargo test.
+# (redis-server and redis-cli, promtool, python3 with kubernetes-validate, Chromium, cc and
+# prlimit), installs what is missing from Debian's packages and PyPI when it can, says what it
+# does, then runs `cargo test`. Arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +42,16 @@ if ! python3 -c "import kubernetes_validate" 2>/dev/null; then
   echo "test: installing kubernetes-validate from PyPI"
   python3 -m pip install --quiet kubernetes-validate 2>/dev/null \
     || python3 -m pip install --quiet --break-system-packages kubernetes-validate
+fi
+# A Redis test preloads a clock-shifting library it builds with cc; an accept test runs the
+# gateway under prlimit (util-linux).
+if ! command -v cc >/dev/null; then
+  echo "test: installing gcc from Debian (a test builds a small preloaded library)"
+  apt_install gcc libc6-dev
+fi
+if ! command -v prlimit >/dev/null; then
+  echo "test: installing util-linux from Debian (prlimit)"
+  apt_install util-linux
 fi
 # The replay report's test opens the HTML report in a headless browser.
 if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then

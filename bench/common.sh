@@ -133,3 +133,12 @@ measure_gateway() {
   awk -v r="$rps" -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" \
     'BEGIN {printf "%s %.3f\n", r, t * 1e6 / hz / n}'
 }
+
+# start_fast_upstream: the minimal upstream (examples/fast_upstream, built) on CPU 0, stopped
+# on exit; sets upstream_port.
+start_fast_upstream() {
+  upstream_port=$(free_port)
+  taskset -c 0 ./target/release/examples/fast_upstream "127.0.0.1:$upstream_port" >/dev/null 2>&1 &
+  pids+=($!)
+  wait_for_port "$upstream_port"
+}

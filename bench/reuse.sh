@@ -24,10 +24,7 @@ need_tools wrk taskset python3
 echo "building the release binary..." >&2
 cargo build --release --quiet --bin tollgate --example fast_upstream
 
-upstream_port=$(free_port)
-taskset -c 0 ./target/release/examples/fast_upstream "127.0.0.1:$upstream_port" >/dev/null 2>&1 &
-pids+=($!)
-wait_for_port "$upstream_port"
+start_fast_upstream
 
 # run REUSE KEEP_ALIVE: one gateway, one wrk run; prints "requests/s cpu_us".
 run() {

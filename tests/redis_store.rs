@@ -1178,6 +1178,27 @@ hash_key = "test-secret-0123456789"
 url = "http://{upstream}"
 "#;
 
+/// A redis-server of its own, and a gateway on it with `policy` (its `{redis}` the server's
+/// URL) in front of an upstream of its own.
+struct OnRedis {
+    redis: RedisServer,
+    client: HttpClient,
+    _gateway: Tollgate,
+    _upstream: Upstream,
+}
+
+async fn on_redis(policy: &str) -> OnRedis {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(&policy.replace("{redis}", &redis.url()), upstream.address).await;
+    OnRedis {
+        client: HttpClient::new(gateway.addresses[0]),
+        redis,
+        _gateway: gateway,
+        _upstream: upstream,
+    }
+}
+
 /// The Redis server's time in microseconds.
 fn redis_time_us(redis: &RedisServer) -> f64 {
     let reply = redis.cli(&["TIME"]);
@@ -1216,10 +1237,13 @@ path = "/charged"
 upstream = "app"
 limits = ["charged"]
 "#;
-    let redis = RedisServer::start();
-    let upstream = start_upstream().await;
-    let gateway = start_gateway(&policy.replace("{redis}", &redis.url()), upstream.address).await;
-    let client = HttpClient::new(gateway.addresses[0]);
+    // The gateway and the upstream live as long as their bindings.
+    let OnRedis {
+        redis,
+        client,
+        _gateway,
+        _upstream,
+    } = on_redis(&policy).await;
     let ahead = redis_time_us(&redis) + 100e6;
 
     // decide.lua: 3 tokens counted 100 s ahead. Behind that moment nothing refills, and the
@@ -1290,10 +1314,13 @@ on_store_failure = "deny"
 "#;
     let scratch = tempfile::tempdir().unwrap();
     let library = clock_shift_library(scratch.path());
-    let mut redis = RedisServer::start();
-    let upstream = start_upstream().await;
-    let gateway = start_gateway(&policy.replace("{redis}", &redis.url()), upstream.address).await;
-    let client = HttpClient::new(gateway.addresses[0]);
+    // The gateway and the upstream live as long as their bindings.
+    let OnRedis {
+        mut redis,
+        client,
+        _gateway,
+        _upstream,
+    } = on_redis(&policy).await;
     for _ in 0..2 {
         assert_eq!(client.get("/global", &[]).await.status, 200);
     }
@@ -1351,10 +1378,13 @@ path = "/global"
 upstream = "app"
 limits = ["everyone"]
 "#;
-    let redis = RedisServer::start();
-    let upstream = start_upstream().await;
-    let gateway = start_gateway(&policy.replace("{redis}", &redis.url()), upstream.address).await;
-    let client = HttpClient::new(gateway.addresses[0]);
+    // The gateway and the upstream live as long as their bindings.
+    let OnRedis {
+        redis,
+        client,
+        _gateway,
+        _upstream,
+    } = on_redis(&policy).await;
     let ahead = redis_time_us(&redis) + 100e6;
     redis.store_bucket("tg:everyone:global", &[50.0, ahead]);
     assert_eq!(client.get("/global", &[]).await.status, 200);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a machine that has the Rust toolchain: finds what the tests need
-# (redis-server and redis-cli, promtool, python3 with kubernetes-validate, Chromium, cc and
-# prlimit), installs what is missing from Debian's packages and PyPI when it can, says what it
-# does, then runs `cargo test`. Arguments go to cargo test.
+# (redis-server and redis-cli, promtool, python3 with kubernetes-validate, Chromium, cc,
+# prlimit, nginx and Caddy), installs what is missing from Debian's packages and PyPI when it
+# can, says what it does, then runs `cargo test`. Arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +52,16 @@ fi
 if ! command -v prlimit >/dev/null; then
   echo "test: installing util-linux from Debian (prlimit)"
   apt_install util-linux
+fi
+# The decision listener's recipes run with the real peers: nginx (auth_request) and Caddy
+# (forward_auth), as the README gives them.
+if ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]]; then
+  echo "test: installing nginx from Debian (the decision listener's nginx recipe is run)"
+  apt_install nginx
+fi
+if ! command -v caddy >/dev/null; then
+  echo "test: installing caddy from Debian (the decision listener's Caddy recipe is run)"
+  apt_install caddy
 fi
 # The replay report's test opens the HTML report in a headless browser.
 if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then

@@ -120,6 +120,44 @@ pub fn resolve<'a>(
     }
 }
 
+/// Why the client of an asked-about request (the decision listener) cannot be told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskedError {
+    #[error("X-Forwarded-For is missing: the asking proxy must send the client's address (nginx: proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for)")]
+    NoForwardedFor,
+    #[error(transparent)]
+    Unparseable(#[from] UnparseableEntry),
+}
+
+/// Resolves the client of a request another proxy asks about. That proxy is the TCP peer and
+/// is trusted as one hop: the entry it added, the rightmost, stands where the peer stands for
+/// [`resolve`], and `trust` counts on from there (`trusted_hops = 0` takes that entry). What a
+/// client wrote before it is not a warning here: the asking proxy appends to it.
+pub fn resolve_asked<'a>(
+    trust: &Trust,
+    forwarded_for: impl IntoIterator<Item = &'a str>,
+) -> Result<Resolved, AskedError> {
+    let mut entries: Vec<&str> = forwarded_for
+        .into_iter()
+        .flat_map(|line| line.split(','))
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .collect();
+    let added = entries.pop().ok_or(AskedError::NoForwardedFor)?;
+    let peer = parse_entry(added)?;
+    let mut resolved = match trust {
+        Trust::Hops(hops) => resolve_by_hops(*hops, peer, &entries)?,
+        Trust::Proxies(networks) => resolve_by_proxies(networks, peer, &entries)?,
+    };
+    if matches!(
+        resolved.warning,
+        Some(TrustWarning::ForwardedButNoHopTrusted | TrustWarning::ForwardedByUntrustedPeer)
+    ) {
+        resolved.warning = None;
+    }
+    Ok(resolved)
+}
+
 fn resolve_by_hops(
     hops: usize,
     peer: IpAddr,
@@ -195,6 +233,43 @@ pub fn parse_entry(entry: &str) -> Result<IpAddr, UnparseableEntry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_asking_proxy_is_one_trusted_hop() {
+        let hops = |n| Trust::Hops(n);
+        let client = |trust: &Trust, lines: &[&str]| {
+            resolve_asked(trust, lines.iter().copied()).map(|resolved| resolved.client)
+        };
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        // A client's own X-Forwarded-For, appended to by nginx: the appended entry decides.
+        assert_eq!(
+            client(&hops(0), &["6.6.6.6, 7.7.7.7", "203.0.113.9"]),
+            Ok(ip("203.0.113.9"))
+        );
+        assert_eq!(client(&hops(0), &["203.0.113.9"]), Ok(ip("203.0.113.9")));
+        // One load balancer in front of the asking proxy.
+        assert_eq!(
+            client(&hops(1), &["6.6.6.6, 203.0.113.9, 10.0.0.2"]),
+            Ok(ip("203.0.113.9"))
+        );
+        let proxies = Trust::Proxies(vec!["10.0.0.0/8".parse().unwrap()]);
+        assert_eq!(
+            client(&proxies, &["6.6.6.6, 203.0.113.9, 10.0.0.2"]),
+            Ok(ip("203.0.113.9"))
+        );
+        assert_eq!(
+            client(&proxies, &["6.6.6.6, 203.0.113.9"]),
+            Ok(ip("203.0.113.9"))
+        );
+        assert_eq!(client(&hops(0), &[]), Err(AskedError::NoForwardedFor));
+        assert_eq!(client(&hops(0), &[" , "]), Err(AskedError::NoForwardedFor));
+        assert!(matches!(
+            client(&hops(0), &["1.2.3.4, junk"]),
+            Err(AskedError::Unparseable(_))
+        ));
+        let quiet = resolve_asked(&hops(0), ["6.6.6.6, 203.0.113.9"]).unwrap();
+        assert_eq!(quiet.warning, None);
+    }
 
     #[test]
     fn a_peer_is_trusted_only_as_a_proxy_the_policy_names() {

@@ -2,6 +2,9 @@
 //! that requests read. A compiled [`Policy`] is immutable; a reload compiles a new one.
 
 mod compile;
+#[cfg(test)]
+pub(crate) use compile::testing;
+pub mod decision;
 pub mod raw;
 mod summary;
 pub mod units;
@@ -15,6 +18,7 @@ use std::time::Duration;
 use http::{Method, Uri};
 use ipnet::IpNet;
 
+pub use decision::{DecisionSettings, DescriptorEntry, DescriptorRule};
 pub use raw::{
     Backend, HeaderMode, Http1Path, KeySource, Missing, Mode, Normalize, Reuse, StoreFailurePolicy,
 };
@@ -40,6 +44,8 @@ pub struct Policy {
     pub overload: Option<Overload>,
     /// `[auth.jwt]`: verifies the tokens whose claims key limits or pick their tiers.
     pub jwt: Option<Arc<crate::jwt::JwtVerifier>>,
+    /// `[decision]`: the listener other proxies ask for decisions.
+    pub decision: Option<DecisionSettings>,
     /// Suspicious but valid policy (`tollgate check` prints them, `run` logs them).
     pub warnings: Vec<String>,
 }

@@ -18,10 +18,13 @@ mod after_response;
 mod applied;
 mod checks;
 mod decide;
+mod decision;
 mod delay;
 mod finish;
 mod forward;
+mod forward_auth;
 mod read_body;
+mod rls;
 pub(crate) mod slots;
 
 use std::net::IpAddr;
@@ -65,6 +68,24 @@ pub enum RequestBody {
     Incoming(Incoming),
 }
 
+/// Which listener a connection came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// Requests are decided and forwarded upstream.
+    Proxy,
+    /// Other proxies ask about their requests (`[decision]`); nothing is forwarded.
+    Decision,
+}
+
+impl Listener {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Listener::Proxy => "proxy",
+            Listener::Decision => "decision",
+        }
+    }
+}
+
 /// What the gateway knows of the connection a request came on.
 #[derive(Debug, Clone)]
 pub struct Connection {
@@ -76,10 +97,11 @@ pub struct Connection {
     pub peer_header: HeaderValue,
     /// `X-Forwarded-Proto` for the upstream.
     pub proto: &'static str,
+    pub listener: Listener,
 }
 
 impl Connection {
-    pub fn new(peer: IpAddr, proto: &'static str) -> Connection {
+    pub fn new(peer: IpAddr, proto: &'static str, listener: Listener) -> Connection {
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let peer = peer.to_canonical();
         Connection {
@@ -87,6 +109,7 @@ impl Connection {
             peer,
             peer_header: upstream::peer_header(peer),
             proto,
+            listener,
         }
     }
 }
@@ -125,6 +148,22 @@ impl Gateway {
         connection: &Connection,
         fields: &mut SetFields,
     ) -> Response<Body> {
+        match connection.listener {
+            Listener::Proxy => self.answer(request, connection, fields).await,
+            Listener::Decision => self.answer_asking(request, connection, fields).await,
+        }
+    }
+
+    /// Answers a request through the phases: on the proxy listener, the client's request;
+    /// on the decision listener, the original request a forward-auth sub-request describes,
+    /// which is decided and never forwarded.
+    async fn answer(
+        &self,
+        request: Request<RequestBody>,
+        connection: &Connection,
+        fields: &mut SetFields,
+    ) -> Response<Body> {
+        let asked = connection.listener == Listener::Decision;
         // Counted until the response body is dropped (sent whole, or its client went away);
         // dropped with this future if the client goes away before the answer.
         let in_flight = RequestInFlight::new(&self.shared.metrics.inflight);
@@ -136,6 +175,7 @@ impl Gateway {
             .flatten();
         let request_id = self.shared.request_ids.for_request(client_id);
         let mut exchange = Exchange::new(request.method().clone(), request_id);
+        exchange.listener = connection.listener;
         // What the client is told of the route's limits, on a 429 or beside an admission.
         let mut reports = Reports::new();
         let result = match self.route(&runtime, &request, scan, connection, &mut exchange) {
@@ -153,23 +193,34 @@ impl Gateway {
                     routed.route.metrics.outcome(outcome).inc();
                 }
                 exchange.outcome = outcome;
+                if asked {
+                    forward_auth::name_route(Some(&routed.route.route.name), fields);
+                }
                 result
             }
             Err(reject) => {
                 exchange.outcome = reject.outcome();
                 self.shared.metrics.unrouted(exchange.outcome);
+                if asked {
+                    forward_auth::name_route(None, fields);
+                }
                 Err(reject)
             }
         };
         let header_mode = runtime.policy.server.ratelimit_headers;
         let response = result.unwrap_or_else(|reject| {
             exchange.cause = reject.cause();
-            if scan.grpc {
+            if asked {
+                forward_auth::rejection(reject, &runtime, &reports, fields)
+            } else if scan.grpc {
                 respond::grpc_rejection(reject, header_mode, &reports, fields)
             } else {
                 respond::rejection(reject, header_mode, &reports, fields)
             }
         });
+        if asked {
+            forward_auth::count(&runtime, exchange.outcome);
+        }
         let mut response = response;
         response.body_mut().in_flight().request = Some(in_flight);
         exchange.log(response.status());
@@ -228,11 +279,20 @@ impl Gateway {
         fields: &mut SetFields,
         reports: &mut Reports<'r>,
     ) -> Result<Response<Body>, Reject> {
-        let client = self.client_address(routed, request.headers())?;
+        let asked = routed.connection.listener == Listener::Decision;
+        let client = if asked {
+            forward_auth::client_address(routed, request.headers())?
+        } else {
+            self.client_address(routed, request.headers())?
+        };
         exchange.client = Some(client);
         let (parts, body) = request.into_parts();
         let max_body = routed.runtime.policy.server.max_buffered_body;
-        let body = read_body(routed.route, max_body, &parts.headers, body).await?;
+        // A sub-request carries no body of the original request: none is read.
+        let body = match asked {
+            true => OutgoingBody::Buffered(bytes::Bytes::new()),
+            false => read_body(routed.route, max_body, &parts.headers, body).await?,
+        };
         let mut buckets = Buckets::new();
         let mut slot_requests = SlotRequests::new();
         self.bucket_requests(
@@ -269,6 +329,9 @@ impl Gateway {
                 admission.delay,
             )
             .await;
+        }
+        if asked {
+            return Ok(forward_auth::admitted(routed.runtime, reports, fields));
         }
         let mut forwarded = self.forward(routed, parts, body, exchange).await?;
         // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
@@ -313,8 +376,11 @@ impl Gateway {
         slot_requests: &mut SlotRequests<'r>,
     ) -> Result<(), Reject> {
         let route = routed.route;
+        let asked = routed.connection.listener == Listener::Decision;
         let body = match body {
-            OutgoingBody::Buffered(bytes) if route.route.reads_body => Some(bytes.as_ref()),
+            OutgoingBody::Buffered(bytes) if route.route.reads_body && !asked => {
+                Some(bytes.as_ref())
+            }
             _ => None,
         };
         let claims = match &routed.runtime.policy.jwt {
@@ -337,6 +403,10 @@ impl Gateway {
                 continue;
             };
             if let Some(concurrency) = limit.concurrency {
+                // A decision never sees its request end, to give a slot back at.
+                if asked {
+                    continue;
+                }
                 slot_requests.push(
                     applied,
                     SlotRequest {

@@ -11,10 +11,12 @@ use http::StatusCode;
 /// The gRPC status codes the gateway answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
+    Ok = 0,
     InvalidArgument = 3,
     ResourceExhausted = 8,
     Unavailable = 14,
     Unauthenticated = 16,
+    Unimplemented = 12,
 }
 
 impl Code {
@@ -33,10 +35,12 @@ impl Code {
     /// As `grpc-status` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
+            Code::Ok => "0",
             Code::InvalidArgument => "3",
             Code::ResourceExhausted => "8",
             Code::Unavailable => "14",
             Code::Unauthenticated => "16",
+            Code::Unimplemented => "12",
         }
     }
 }
@@ -47,6 +51,43 @@ pub fn is_grpc(content_type: &[u8]) -> bool {
     content_type.len() >= GRPC.len()
         && content_type[..GRPC.len()].eq_ignore_ascii_case(GRPC)
         && matches!(content_type.get(GRPC.len()), None | Some(b'+' | b';'))
+}
+
+/// Why a unary call's request body holds no message to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("the request is not one length-prefixed gRPC message")]
+    Malformed,
+    #[error("compressed messages are not accepted: send them with grpc-encoding identity")]
+    Compressed,
+}
+
+/// The one message of a unary call's request body: a flag byte (0: not compressed), a
+/// big-endian length, the message, and nothing after it.
+pub fn unary_message(body: &[u8]) -> Result<&[u8], FrameError> {
+    let (&flag, rest) = body.split_first().ok_or(FrameError::Malformed)?;
+    let (length, message) = rest.split_first_chunk::<4>().ok_or(FrameError::Malformed)?;
+    if usize::try_from(u32::from_be_bytes(*length)).ok() != Some(message.len()) {
+        return Err(FrameError::Malformed);
+    }
+    match flag {
+        0 => Ok(message),
+        1 => Err(FrameError::Compressed),
+        _ => Err(FrameError::Malformed),
+    }
+}
+
+/// A unary call's message framed for the response body.
+pub fn framed(message: &[u8]) -> bytes::Bytes {
+    let mut framed = Vec::with_capacity(5 + message.len());
+    framed.push(0);
+    framed.extend_from_slice(
+        &u32::try_from(message.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    framed.extend_from_slice(message);
+    framed.into()
 }
 
 /// `grpc-message`: percent-encoded as gRPC asks (every byte outside printable ASCII, and `%`).

@@ -27,6 +27,7 @@ pub mod reject;
 pub mod replay;
 mod request_id;
 pub mod respond;
+pub mod rls;
 pub mod route;
 pub mod runtime;
 pub mod server;
@@ -68,6 +69,8 @@ pub struct Tollgate {
     /// The bound public addresses (ephemeral ports resolved).
     pub addresses: Vec<SocketAddr>,
     pub admin_address: SocketAddr,
+    /// The bound decision listener's address, with `[decision]`.
+    pub decision_address: Option<SocketAddr>,
     shared: Arc<Shared>,
     config_path: Option<PathBuf>,
     shutdown: watch::Sender<bool>,
@@ -100,9 +103,30 @@ impl Tollgate {
                 listener,
                 gateway.clone(),
                 policy.server.clone(),
+                gateway::Listener::Proxy,
                 shutdown_signal.clone(),
             ));
         }
+        let decision_address = match &policy.decision {
+            Some(decision) => {
+                let (listener, bound) = server::bind(decision.listen).await?;
+                tracing::info!(address = %bound, "decision listener (forward-auth /decide, gRPC rate limit service)");
+                // Plain HTTP/1.1 and h2c: the proxies that ask are the operator's own.
+                let settings = config::ServerSettings {
+                    tls: None,
+                    ..policy.server.clone()
+                };
+                listeners.spawn(server::serve(
+                    listener,
+                    gateway.clone(),
+                    settings,
+                    gateway::Listener::Decision,
+                    shutdown_signal.clone(),
+                ));
+                Some(bound)
+            }
+            None => None,
+        };
         let (admin_listener, admin_address) = server::bind(policy.admin.listen).await?;
         tracing::info!(address = %admin_address, "admin listening (/metrics, /healthz, /readyz)");
         // The admin listener is not tracked: it keeps answering /readyz 503 while draining.
@@ -117,6 +141,7 @@ impl Tollgate {
 
         Ok(Tollgate {
             addresses,
+            decision_address,
             admin_address,
             grace_period: policy.server.grace_period,
             shared,

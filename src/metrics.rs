@@ -9,15 +9,17 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
+pub use decision::{DecisionMetrics, DecisionProtocol, RlsMetrics, RLS_ROUTE};
 pub use labels::{Outcome, StatusClass, NO_ROUTE};
 use per_thread::Family;
 pub use per_thread::{Counter, Histogram, IntCounter, IntGauge};
 
+mod decision;
 mod labels;
 mod per_thread;
 
 use crate::client_ip::TrustWarning;
-use crate::config::{Limit, Route};
+use crate::config::{Limit, Route, StoreFailurePolicy};
 use crate::jwt::Rejection;
 
 /// Every metric of one gateway, in a registry of its own.
@@ -32,6 +34,7 @@ pub struct Metrics {
     unrouted_bad_requests: IntCounter,
     unrouted: IntCounter,
     limited: Family,
+    decisions: Family,
     tokens_consumed: Family,
     fill_ratio: Family,
     store_duration: Family,
@@ -103,6 +106,11 @@ impl Metrics {
             "tollgate_limited_total",
             "Refusals by route and by the limit that refused.",
             &["route", "limit"],
+        ));
+        let decisions = per_thread(Family::int_counters(
+            "tollgate_decision_requests_total",
+            "Decisions the decision listener answered, by protocol (http: forward-auth, grpc: Envoy's rate limit service) and outcome.",
+            &["protocol", "outcome"],
         ));
         let tokens_consumed = per_thread(Family::counters(
             "tollgate_tokens_consumed_total",
@@ -239,6 +247,7 @@ impl Metrics {
             unrouted: requests.int_counter(&[NO_ROUTE, Outcome::NoRoute.as_str()]),
             requests,
             limited,
+            decisions,
             tokens_consumed,
             fill_ratio,
             store_duration,
@@ -369,9 +378,45 @@ impl Metrics {
         }
     }
 
+    /// The handles of the decision listener's counts, by protocol and outcome.
+    pub fn for_decisions(&self) -> DecisionMetrics {
+        let outcomes = |protocol: DecisionProtocol| {
+            Outcome::ALL.map(|outcome| {
+                self.decisions
+                    .int_counter(&[protocol.as_str(), outcome.as_str()])
+            })
+        };
+        DecisionMetrics {
+            outcomes: [
+                outcomes(DecisionProtocol::Http),
+                outcomes(DecisionProtocol::Grpc),
+            ],
+        }
+    }
+
+    /// The handles of the gRPC decisions' own route, `rls`: its outcomes, and its degraded
+    /// decisions by the failing rule's policy.
+    pub fn for_rls(&self) -> RlsMetrics {
+        RlsMetrics {
+            outcomes: Outcome::ALL.map(|outcome| match outcome {
+                Outcome::NoRoute | Outcome::ShadowLimited => IntCounter::unexported(),
+                _ => self.requests.int_counter(&[RLS_ROUTE, outcome.as_str()]),
+            }),
+            degraded: [
+                StoreFailurePolicy::Allow,
+                StoreFailurePolicy::Deny,
+                StoreFailurePolicy::Local,
+            ]
+            .map(|policy| {
+                self.degraded
+                    .with_label_values(&[RLS_ROUTE, policy.as_str()])
+            }),
+        }
+    }
+
     /// The handles of one limit as a route applies it.
-    pub fn for_route_limit(&self, route: &Route, limit: &Limit) -> LimitMetrics {
-        let (route, name) = (&*route.name, &*limit.name);
+    pub fn for_route_limit(&self, route: &str, limit: &Limit) -> LimitMetrics {
+        let name = &*limit.name;
         LimitMetrics {
             concurrency_in_use: limit
                 .concurrency

@@ -9,10 +9,13 @@ use smallvec::SmallVec;
 
 use crate::body::Body;
 use crate::config::HeaderMode;
-use crate::grpc;
 use crate::reject::{LimitReport, Reject};
 use crate::request_id::RequestId;
 use crate::upstream::ForwardError;
+
+mod grpc_answers;
+
+pub use grpc_answers::{grpc_error, grpc_message, grpc_rejection};
 
 /// Header fields the gateway sets on a response, kept beside the response's header map until
 /// the head is written: the server's own HTTP/1.1 path writes them straight into the head (no
@@ -115,45 +118,8 @@ pub fn rejection(
     }
 }
 
-/// Renders a rejection of a gRPC request as gRPC reads it: HTTP 200, no body, the status in
-/// `grpc-status` and `grpc-message` (a trailers-only response), and for a refusal by a limit
-/// its wait as `retry-after` and as a `RetryInfo` in `grpc-status-details-bin`. The HTTP
-/// answer's other fields (rate-limit headers, a challenge, `Connection: close`) stay.
-pub fn grpc_rejection(
-    reject: Reject,
-    mode: HeaderMode,
-    reports: &[LimitReport<'_>],
-    fields: &mut SetFields,
-) -> Response<Body> {
-    let message = reject.to_string();
-    let limited = matches!(reject, Reject::Limited);
-    let answer = rejection(reject, mode, reports, fields);
-    let code = grpc::Code::for_status(answer.status());
-    let mut response = Response::new(Body::empty());
-    let mut headers = answer.into_parts().0.headers;
-    headers.remove(CONTENT_TYPE);
-    headers.remove(http::header::CONTENT_LENGTH);
-    *response.headers_mut() = headers;
-    fields.replace(&CONTENT_TYPE_NAME, FieldValue::Static("application/grpc"));
-    fields.set(&GRPC_STATUS, FieldValue::Static(code.as_str()));
-    fields.set(
-        &GRPC_MESSAGE,
-        FieldValue::Text(grpc::message_field(&message)),
-    );
-    let wait = limited.then(|| refused_wait(reports));
-    fields.set(
-        &GRPC_STATUS_DETAILS,
-        FieldValue::Text(grpc::status_details(code, &message, wait)),
-    );
-    response
-}
-
-static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-static GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
-
 /// The longest wait among the refusing limits (seconds).
-fn refused_wait(reports: &[LimitReport<'_>]) -> f64 {
+pub(crate) fn refused_wait(reports: &[LimitReport<'_>]) -> f64 {
     reports
         .iter()
         .filter(|report| report.refused)
@@ -354,8 +320,8 @@ fn legacy_refusal_body(retry_after: u64) -> Bytes {
 }
 
 // As statics, so that `SetFields` can refer to them.
-static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
-static RETRY_AFTER_NAME: HeaderName = RETRY_AFTER;
+pub(crate) static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
+pub(crate) static RETRY_AFTER_NAME: HeaderName = RETRY_AFTER;
 static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
 static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
 static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");

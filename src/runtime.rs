@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use crate::config::{Limit, Policy, Route};
-use crate::metrics::{LimitMetrics, Metrics, RouteMetrics};
+use crate::config::{DescriptorRule, Limit, Policy, Route};
+use crate::metrics::{DecisionMetrics, LimitMetrics, Metrics, RlsMetrics, RouteMetrics, RLS_ROUTE};
 use crate::upstream::{UpstreamPool, UpstreamSetupError};
 
 #[derive(Debug)]
@@ -16,6 +16,25 @@ pub struct Runtime {
     pub routes: Vec<ServedRoute>,
     /// Some route matches on the host.
     pub matches_hosts: bool,
+    /// What the decision listener reads, with `[decision]`.
+    pub decision: Option<DecisionRuntime>,
+}
+
+/// The decision listener's share of a runtime: its counters, and its descriptor rules with
+/// their limits' handles.
+#[derive(Debug)]
+pub struct DecisionRuntime {
+    pub metrics: DecisionMetrics,
+    /// In the rules' order.
+    pub rules: Vec<ServedRule>,
+    pub rls: RlsMetrics,
+}
+
+/// A descriptor rule as gRPC decisions apply it: its limit counts under the route `rls`.
+#[derive(Debug)]
+pub struct ServedRule {
+    pub rule: DescriptorRule,
+    pub applied: AppliedLimit,
 }
 
 /// A route as the gateway serves it.
@@ -65,7 +84,7 @@ impl Runtime {
                     .map(|entry| AppliedLimit {
                         limit: entry.limit.clone(),
                         cost: entry.cost,
-                        metrics: metrics.for_route_limit(route, &entry.limit),
+                        metrics: metrics.for_route_limit(&route.name, &entry.limit),
                     })
                     .collect();
                 Ok(ServedRoute {
@@ -76,7 +95,24 @@ impl Runtime {
                 })
             })
             .collect::<Result<Vec<_>, UpstreamSetupError>>()?;
+        let decision = policy.decision.as_ref().map(|decision| DecisionRuntime {
+            metrics: metrics.for_decisions(),
+            rules: decision
+                .descriptors
+                .iter()
+                .map(|rule| ServedRule {
+                    applied: AppliedLimit {
+                        limit: rule.limit.clone(),
+                        cost: 1.0,
+                        metrics: metrics.for_route_limit(RLS_ROUTE, &rule.limit),
+                    },
+                    rule: rule.clone(),
+                })
+                .collect(),
+            rls: metrics.for_rls(),
+        });
         Ok(Runtime {
+            decision,
             matches_hosts: policy.routes.iter().any(|route| route.host.is_some()),
             routes,
             policy,

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 use crate::config::{Http1Path, ServerSettings};
 use crate::errors::StartError;
-use crate::gateway::{Connection, Gateway, RequestBody};
+use crate::gateway::{Connection, Gateway, Listener, RequestBody};
 use crate::limit::clock;
 use crate::respond::SetFields;
 
@@ -59,6 +59,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     gateway: Gateway,
     settings: ServerSettings,
+    listener_kind: Listener,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let builder = Arc::new(connection_builder(&settings));
@@ -82,7 +83,7 @@ pub(crate) async fn serve(
         };
         gateway.shared.tasks.clone().spawn(async move {
             if !tls {
-                let connection = Connection::new(peer, "http");
+                let connection = Connection::new(peer, "http", listener_kind);
                 return serve_connection(stream, connection, gateway, builder, guards, shutdown)
                     .await;
             }
@@ -92,7 +93,7 @@ pub(crate) async fn serve(
             let handshake = acceptor.accept(stream);
             match tokio::time::timeout(guards.header_read_timeout, handshake).await {
                 Ok(Ok(stream)) => {
-                    let connection = Connection::new(peer, "https");
+                    let connection = Connection::new(peer, "https", listener_kind);
                     let guards = ConnectionGuards {
                         own_http1: guards.own_http1
                             && stream.get_ref().1.alpn_protocol() != Some(b"h2"),

@@ -148,6 +148,9 @@ name = "default"
 path_prefix = "/"
 upstream = "app"
 limits = ["per_account"]
+
+[decision]
+listen = "127.0.0.1:0"
 "#;
     let gateway = start_gateway(policy, upstream.address).await;
     HttpClient::new(gateway.addresses[0])
@@ -180,6 +183,7 @@ async fn metric_names_in_rules_and_dashboard_exist_in_a_live_scrape() {
         "deploy/README.md",
         "docs/architecture.md",
         "docs/configuration.md",
+        "docs/decision.md",
         "docs/metrics.md",
         "docs/performance.md",
         "docs/redis-store.md",

@@ -2,6 +2,7 @@
 //! path and what would be valid; all errors of a file are reported at once.
 
 mod auth;
+mod decision;
 mod limits;
 mod routes;
 mod server;
@@ -217,6 +218,12 @@ pub(super) fn resolve(base: Option<&Path>, path: &str) -> PathBuf {
 }
 
 fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> Policy {
+    let listen_span = raw.server.listen.as_ref().map(toml::Spanned::span);
+    let listen_empty = raw
+        .server
+        .listen
+        .as_ref()
+        .is_some_and(|listen| listen.get_ref().is_empty());
     let server = server::compile_server(raw.server, base, errors);
     let admin_span = raw.admin.listen.as_ref().map(toml::Spanned::span);
     let admin = server::compile_admin(raw.admin, errors);
@@ -275,6 +282,30 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
             errors,
         ));
     }
+    let decision_configured = raw.decision.is_some();
+    let decision = raw
+        .decision
+        .and_then(|decision| decision::compile_decision(decision, &limits, errors));
+    if listen_empty && !decision_configured {
+        errors.at(
+            listen_span,
+            "server.listen",
+            "at least one address is needed, such as \"0.0.0.0:8080\" or \"[::]:8080\" (or a [decision] listener, for a gateway that only answers other proxies)",
+        );
+    }
+    if let Some(decision) = &decision {
+        let taken = server.listen.iter().chain([&admin.listen]);
+        if let Some(other) = taken
+            .into_iter()
+            .find(|other| server::same_listener(other, &decision.listen))
+        {
+            errors.at(
+                None,
+                "decision.listen",
+                format!("{} is also the address of another listener ({other}): give the decision listener its own port", decision.listen),
+            );
+        }
+    }
     let mut policy = Policy {
         server,
         admin,
@@ -285,6 +316,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         routes,
         overload,
         jwt,
+        decision,
         warnings: Vec::new(),
     };
     if policy.routes.is_empty() {
@@ -313,13 +345,23 @@ pub(super) fn list_or_none(names: &[&str]) -> String {
 /// Valid but suspicious policy.
 fn warnings(policy: &Policy) -> Vec<String> {
     let mut warnings = Vec::new();
-    for limit in &policy.limits {
-        if !policy.routes.iter().any(|route| {
-            route
-                .limits
+    let in_rules = |limit: &Arc<Limit>| {
+        policy.decision.as_ref().is_some_and(|decision| {
+            decision
+                .descriptors
                 .iter()
-                .any(|entry| Arc::ptr_eq(&entry.limit, limit))
-        }) {
+                .any(|rule| Arc::ptr_eq(&rule.limit, limit))
+        })
+    };
+    for limit in &policy.limits {
+        if !in_rules(limit)
+            && !policy.routes.iter().any(|route| {
+                route
+                    .limits
+                    .iter()
+                    .any(|entry| Arc::ptr_eq(&entry.limit, limit))
+            })
+        {
             warnings.push(format!("limit {:?} is not used by any route", limit.name));
         }
         if limit.lease.is_some() && policy.store.redis.is_none() {
@@ -404,6 +446,9 @@ fn warnings(policy: &Policy) -> Vec<String> {
             && route.methods.is_none()
             && route.path == PathMatch::Prefix("/".to_owned())
     });
+    if policy.decision.is_some() {
+        warnings.extend(decision::warnings(policy));
+    }
     if !catch_all {
         warnings.push("no catch-all route (path_prefix = \"/\"): requests that match no route get 404 from the gateway".to_owned());
     }
@@ -446,4 +491,4 @@ fn always_matches_first(earlier: &super::Route, later: &super::Route) -> bool {
 
 /// Compiling policy text in unit tests of the sections.
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;

@@ -14,6 +14,10 @@ use toml::Spanned;
 
 use super::units::{self, Rate};
 
+mod decision;
+
+pub use decision::{RawDecision, RawDescriptorEntry, RawDescriptorRule};
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
@@ -34,6 +38,7 @@ pub struct RawConfig {
     pub overload: Option<Spanned<RawOverload>>,
     #[serde(default)]
     pub auth: RawAuth,
+    pub decision: Option<Spanned<RawDecision>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

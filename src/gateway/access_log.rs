@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 
+use super::Listener;
 use crate::limit::clock;
-use crate::metrics::{IntCounter, Outcome};
+use crate::metrics::{DecisionProtocol, IntCounter, Outcome};
 use crate::reject::Cause;
 use crate::request_id::RequestId;
 
@@ -36,6 +37,9 @@ pub(super) struct Exchange<'r> {
     /// a request whose client leaves before then (its future dropped) is counted on drop, so
     /// that every admitted request is counted exactly once.
     pub(super) admitted_as: Option<&'r IntCounter>,
+    pub(super) listener: Listener,
+    /// `grpc` for Envoy's rate limit service, else `http`.
+    pub(super) protocol: DecisionProtocol,
     logged: bool,
 }
 
@@ -54,6 +58,8 @@ impl<'r> Exchange<'r> {
             upstream: None,
             request_id,
             admitted_as: None,
+            listener: Listener::Proxy,
+            protocol: DecisionProtocol::Http,
             logged: false,
         }
     }
@@ -126,5 +132,7 @@ fn write(exchange: &Exchange<'_>, status: StatusCode) {
         duration_ms = exchange.started.map_or(-1.0, |started| milliseconds(clock::elapsed(started))),
         upstream_ms,
         request_id = exchange.request_id.as_str(),
+        listener = exchange.listener.as_str(),
+        protocol = exchange.protocol.as_str(),
     );
 }

@@ -118,7 +118,7 @@ impl Gateway {
 
     /// The store's decision; a failure is timed, counted and logged here (an open circuit,
     /// which made no call, only timed).
-    async fn store_decision(
+    pub(super) async fn store_decision(
         &self,
         buckets: &[BucketRequest<'_>],
         leasing: Option<&Leasing<'_>>,
@@ -184,7 +184,7 @@ fn admission<'r>(
 }
 
 /// Records a bucket's share of a decision in the metrics of its limit.
-fn record_share(share: BucketAccount<&AppliedLimit>) {
+pub(super) fn record_share(share: BucketAccount<&AppliedLimit>) {
     let metrics = &share.limit.metrics;
     metrics.fill_ratio.observe(share.fill_ratio);
     if share.charged > 0.0 {

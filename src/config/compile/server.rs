@@ -28,15 +28,9 @@ pub(super) fn compile_server(
     errors: &mut Errors<'_>,
 ) -> ServerSettings {
     let listen = match raw.listen {
+        // An empty list is judged with `[decision]`, which may be the only listener.
         Some(listen) => {
             let span = listen.span();
-            if listen.get_ref().is_empty() {
-                errors.at(
-                    Some(span.clone()),
-                    "server.listen",
-                    "at least one address is needed, such as \"0.0.0.0:8080\" or \"[::]:8080\"",
-                );
-            }
             listen
                 .into_inner()
                 .iter()

@@ -1,0 +1,247 @@
+//! Forward-auth on the decision listener (nginx `auth_request`, Caddy `forward_auth`, Traefik
+//! `ForwardAuth`): the original request a sub-request describes, its client as the asking
+//! proxy saw it, and the answers the asking proxy reads. Between them the request goes
+//! through the proxy listener's own phases, up to the decision.
+
+use std::net::IpAddr;
+
+use http::header::{HeaderName, HOST};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+
+use super::{accounting, RequestBody, Routed};
+use crate::body::Body;
+use crate::client_ip::{self, AskedError};
+use crate::metrics::{DecisionProtocol, Outcome};
+use crate::reject::{LimitReport, Reject};
+use crate::respond::{self, FieldValue, SetFields};
+use crate::runtime::Runtime;
+use crate::upstream::X_FORWARDED_FOR;
+
+/// The route that decided (`none` when no route matched), on every answer.
+pub(super) static X_TOLLGATE_ROUTE: HeaderName = HeaderName::from_static("x-tollgate-route");
+/// The limits that refused, on a refusal.
+pub(super) static X_TOLLGATE_LIMIT: HeaderName = HeaderName::from_static("x-tollgate-limit");
+
+/// The fields the original request's method, target and host come from, in order of
+/// preference (Traefik and Caddy send the first, nginx is told to send the second).
+const METHOD_FIELDS: [&str; 2] = ["x-forwarded-method", "x-original-method"];
+const TARGET_FIELDS: [&str; 2] = ["x-forwarded-uri", "x-original-uri"];
+const FORWARDED_HOST: &str = "x-forwarded-host";
+
+/// The original request a sub-request describes: its method, target and host from the
+/// forwarded fields, the sub-request's other fields as its own, and no body (a sub-request
+/// carries none). An error names the field that is missing or broken.
+pub(super) fn original_request(
+    request: Request<RequestBody>,
+) -> Result<Request<RequestBody>, String> {
+    let (mut parts, _) = request.into_parts();
+    let method = forwarded(&parts.headers, METHOD_FIELDS)?;
+    let method = Method::from_bytes(method.trim().as_bytes())
+        .map_err(|_| format!("{} is not a method: {method:?}", METHOD_FIELDS[0]))?;
+    let target = forwarded(&parts.headers, TARGET_FIELDS)?;
+    let uri = original_target(target).ok_or_else(|| {
+        format!(
+            "{} is not a request target such as /path?query: {:?}",
+            TARGET_FIELDS[0],
+            shortened(target)
+        )
+    })?;
+    if let Some(host) = parts.headers.get(FORWARDED_HOST).cloned() {
+        parts.headers.insert(HOST, host);
+    }
+    parts.method = method;
+    parts.uri = uri;
+    Ok(Request::from_parts(parts, RequestBody::Empty))
+}
+
+/// The first of `names` the sub-request carries, as text.
+fn forwarded<'h>(headers: &'h HeaderMap, names: [&str; 2]) -> Result<&'h str, String> {
+    let value = names
+        .iter()
+        .find_map(|name| headers.get(*name))
+        .ok_or_else(|| {
+            format!(
+                "{} (or {}) is missing: the asking proxy must describe the original request",
+                names[0], names[1]
+            )
+        })?;
+    value
+        .to_str()
+        .map_err(|_| format!("{} is not text", names[0]))
+}
+
+/// The original target: origin-form (`/path?query`), or the path and query of an absolute
+/// URI (some proxies send the whole URL).
+fn original_target(target: &str) -> Option<Uri> {
+    let uri: Uri = target.trim().parse().ok()?;
+    match (uri.scheme(), uri.path_and_query()) {
+        (None, Some(path)) if path.as_str().starts_with('/') => Some(uri),
+        (Some(_), Some(path)) => Uri::builder().path_and_query(path.clone()).build().ok(),
+        _ => None,
+    }
+}
+
+fn shortened(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
+/// The client: the asking proxy is one trusted hop, and `X-Forwarded-For` (which it must
+/// send) is read from the entry it added on, as `[client_ip]` says.
+pub(super) fn client_address(routed: &Routed<'_>, headers: &HeaderMap) -> Result<IpAddr, Reject> {
+    let lines = headers
+        .get_all(X_FORWARDED_FOR)
+        .into_iter()
+        .filter_map(|value| value.to_str().ok());
+    let trust = &routed.runtime.policy.client_ip.trust;
+    match client_ip::resolve_asked(trust, lines) {
+        Ok(resolved) => Ok(resolved.client),
+        Err(error @ (AskedError::NoForwardedFor | AskedError::Unparseable(_))) => {
+            Err(Reject::BadRequest(error.to_string()))
+        }
+    }
+}
+
+/// Names the route that decided on the answer.
+pub(super) fn name_route(route: Option<&str>, fields: &mut SetFields) {
+    let value = match route {
+        Some(name) => FieldValue::Text(name.to_owned()),
+        None => FieldValue::Static("none"),
+    };
+    fields.set(&X_TOLLGATE_ROUTE, value);
+}
+
+/// The answer to an admitted request: 200, with the rate-limit headers.
+pub(super) fn admitted(
+    runtime: &Runtime,
+    reports: &[LimitReport<'_>],
+    fields: &mut SetFields,
+) -> Response<Body> {
+    respond::add_ratelimit_headers(fields, runtime.policy.server.ratelimit_headers, reports);
+    Response::new(Body::empty())
+}
+
+/// The answer to a request the phases ended early: a refusal with `refuse_status` and the
+/// limits that refused, 200 for a request no route decides, anything else as the proxy
+/// listener answers it.
+pub(super) fn rejection(
+    reject: Reject,
+    runtime: &Runtime,
+    reports: &[LimitReport<'_>],
+    fields: &mut SetFields,
+) -> Response<Body> {
+    let mode = runtime.policy.server.ratelimit_headers;
+    match reject {
+        Reject::NoRoute => Response::new(Body::empty()),
+        Reject::Limited => {
+            fields.set(
+                &X_TOLLGATE_LIMIT,
+                FieldValue::Text(accounting::refusing(reports)),
+            );
+            let mut response = respond::rejection(reject, mode, reports, fields);
+            if let Some(decision) = &runtime.policy.decision {
+                *response.status_mut() = decision.refuse_status;
+            }
+            response
+        }
+        other => respond::rejection(other, mode, reports, fields),
+    }
+}
+
+/// Counts a forward-auth answer in `tollgate_decision_requests_total`.
+pub(super) fn count(runtime: &Runtime, outcome: Option<Outcome>) {
+    if let (Some(decision), Some(outcome)) = (&runtime.decision, outcome) {
+        decision
+            .metrics
+            .outcome(DecisionProtocol::Http, outcome)
+            .inc();
+    }
+}
+
+/// The answer to a sub-request that does not describe a request: 400, naming what it lacks.
+pub(super) fn undescribed(runtime: &Runtime, detail: &str) -> Response<Body> {
+    count(runtime, Some(Outcome::BadRequest));
+    let mut response = respond::bad_request(detail);
+    response.headers_mut().insert(
+        X_TOLLGATE_ROUTE.clone(),
+        http::HeaderValue::from_static("none"),
+    );
+    debug_assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub_request(fields: &[(&str, &str)]) -> Request<RequestBody> {
+        let mut builder = Request::builder()
+            .uri("/decide")
+            .header("host", "tollgate:8081");
+        for (name, value) in fields {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(RequestBody::Empty).unwrap()
+    }
+
+    #[test]
+    fn the_original_request_comes_from_the_forwarded_fields() {
+        let original = original_request(sub_request(&[
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-uri", "/api/login?next=%2F"),
+            ("x-forwarded-host", "shop.example"),
+            ("x-forwarded-proto", "https"),
+            ("cookie", "session=abc"),
+        ]))
+        .unwrap();
+        assert_eq!(original.method(), Method::POST);
+        assert_eq!(original.uri().path(), "/api/login");
+        assert_eq!(original.uri().query(), Some("next=%2F"));
+        assert_eq!(original.headers()[HOST], "shop.example");
+        assert_eq!(original.headers()["cookie"], "session=abc");
+    }
+
+    #[test]
+    fn nginx_fields_are_read_when_the_forwarded_ones_are_absent() {
+        let original = original_request(sub_request(&[
+            ("x-original-method", "DELETE"),
+            ("x-original-uri", "/items/7"),
+        ]))
+        .unwrap();
+        assert_eq!(original.method(), Method::DELETE);
+        assert_eq!(original.uri().path(), "/items/7");
+        // The sub-request's own Host stands when no X-Forwarded-Host is sent.
+        assert_eq!(original.headers()[HOST], "tollgate:8081");
+        let absolute = original_request(sub_request(&[
+            ("x-forwarded-method", "GET"),
+            ("x-forwarded-uri", "https://shop.example/a/b?c=d"),
+        ]))
+        .unwrap();
+        assert_eq!(absolute.uri().path(), "/a/b");
+        assert_eq!(absolute.uri().query(), Some("c=d"));
+    }
+
+    #[test]
+    fn a_sub_request_that_describes_nothing_names_what_it_lacks() {
+        let error = original_request(sub_request(&[("x-forwarded-uri", "/a")])).unwrap_err();
+        assert!(error.contains("x-forwarded-method"), "{error}");
+        let error = original_request(sub_request(&[("x-forwarded-method", "GET")])).unwrap_err();
+        assert!(error.contains("x-forwarded-uri"), "{error}");
+        for target in ["*", "a/b", "", "http://"] {
+            let error = original_request(sub_request(&[
+                ("x-forwarded-method", "GET"),
+                ("x-forwarded-uri", target),
+            ]))
+            .unwrap_err();
+            assert!(
+                error.contains("not a request target"),
+                "{target:?}: {error}"
+            );
+        }
+        let error = original_request(sub_request(&[
+            ("x-forwarded-method", "GE T"),
+            ("x-forwarded-uri", "/"),
+        ]))
+        .unwrap_err();
+        assert!(error.contains("not a method"), "{error}");
+    }
+}

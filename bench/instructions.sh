@@ -12,6 +12,8 @@
 #   JWT=claim bench/instructions.sh      # every request carries an RS256 bearer token, and the
 #                                        # per-user limit is keyed by its verified `sub`;
 #                                        # JWT=header: the same token, the limit keyed by header
+#   DECISION=1 bench/instructions.sh     # the same limits asked about by forward-auth sub-requests
+#                                        # to the decision listener (REFUSING=1: refused ones)
 #   PROXY=nginx bench/instructions.sh    # nginx with limit_req (row 3) under the same load, for a
 #                                        # ratio that does not swing; with REFUSING=1: row 6a
 #   DUMP=/tmp/x.callgrind bench/instructions.sh   # and keep callgrind's profile there, for
@@ -86,6 +88,10 @@ else
   admin=$(free_port)
   three_limit_policy "$port" "$admin" "$upstream_port" "$store_section" "${limits[@]}" \
     > "$work/policy.toml"
+  if [[ -n "${DECISION:-}" ]]; then
+    decision_port=$(free_port)
+    printf '[decision]\nlisten = "127.0.0.1:%s"\n' "$decision_port" >> "$work/policy.toml"
+  fi
   if [[ "${JWT:-}" == claim ]]; then
     sed -i 's|key = { header = "x-user-id" }|key = { jwt_claim = "sub" }|' "$work/policy.toml"
     printf '[auth.jwt]\njwks_file = "%s"\n' "$work/jwks.json" >> "$work/policy.toml"
@@ -108,8 +114,13 @@ fi
 if [[ -n "${JWT:-}" ]]; then
   fields+=(-H "authorization: Bearer $token")
 fi
+url="http://127.0.0.1:$port/"
+if [[ -n "${DECISION:-}" ]]; then
+  url="http://127.0.0.1:$decision_port/decide"
+  fields+=(-H 'x-forwarded-method: GET' -H 'x-forwarded-uri: /' -H 'x-forwarded-for: 127.0.0.1')
+fi
 load() {
-  taskset -c 0 wrk -t1 -c8 -d"$1" "${fields[@]}" "http://127.0.0.1:$port/"
+  taskset -c 0 wrk -t1 -c8 -d"$1" "${fields[@]}" "$url"
 }
 load 3s >/dev/null # warm-up: connections, pools, caches
 callgrind_control --zero "$gateway" >/dev/null

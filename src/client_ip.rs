@@ -99,6 +99,9 @@ pub struct UnparseableEntry {
     pub entry: String,
 }
 
+/// A chain's entries, inline for the usual few.
+type Entries<'a> = smallvec::SmallVec<[&'a str; 8]>;
+
 /// Resolves the client of a request that arrived from `peer` with these `X-Forwarded-For`
 /// header values (every line, in order).
 pub fn resolve<'a>(
@@ -108,7 +111,7 @@ pub fn resolve<'a>(
 ) -> Result<Resolved, UnparseableEntry> {
     let peer = peer.to_canonical();
     // Chains are short; collecting them keeps the walk from the right simple.
-    let entries: Vec<&str> = forwarded_for
+    let entries: Entries<'_> = forwarded_for
         .into_iter()
         .flat_map(|line| line.split(','))
         .map(str::trim)
@@ -137,7 +140,7 @@ pub fn resolve_asked<'a>(
     trust: &Trust,
     forwarded_for: impl IntoIterator<Item = &'a str>,
 ) -> Result<Resolved, AskedError> {
-    let mut entries: Vec<&str> = forwarded_for
+    let mut entries: Entries<'_> = forwarded_for
         .into_iter()
         .flat_map(|line| line.split(','))
         .map(str::trim)

@@ -32,6 +32,8 @@ pub enum FieldValue {
     Number(u64),
     /// Valid header-value text (limit names and numbers).
     Text(String),
+    /// A name the policy holds (a route's), shared rather than copied.
+    Name(std::sync::Arc<str>),
     RequestId(RequestId),
 }
 
@@ -65,6 +67,7 @@ impl SetFields {
                 FieldValue::Static(text) => text.as_bytes(),
                 FieldValue::Number(number) => digits.format(*number).as_bytes(),
                 FieldValue::Text(text) => text.as_bytes(),
+                FieldValue::Name(name) => name.as_bytes(),
                 FieldValue::RequestId(id) => id.as_bytes(),
             };
             write(name.as_str().as_bytes(), value);
@@ -78,6 +81,10 @@ impl SetFields {
                 FieldValue::Static(text) => HeaderValue::from_static(text),
                 FieldValue::Number(number) => HeaderValue::from(number),
                 FieldValue::Text(text) => match HeaderValue::try_from(text) {
+                    Ok(value) => value,
+                    Err(_) => continue,
+                },
+                FieldValue::Name(name) => match HeaderValue::from_str(&name) {
                     Ok(value) => value,
                     Err(_) => continue,
                 },

@@ -215,3 +215,47 @@ async fn caddy_forward_auth_asks_and_passes_the_429_on() {
     the_limit_holds(SocketAddr::from(([127, 0, 0, 1], port)), &upstream).await;
     gateway.shutdown().await;
 }
+
+#[test]
+fn the_deploy_example_is_the_tested_recipe_and_both_halves_check() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/decision");
+    let output = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check", "--config"])
+        .arg(root.join("tollgate.toml"))
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(summary.contains("listen none"), "{summary}");
+    assert!(
+        summary.contains("decision 127.0.0.1:8081") && summary.contains("refusing with 403"),
+        "{summary}"
+    );
+    let nginx_conf = std::fs::read_to_string(root.join("nginx.conf")).unwrap();
+    let unindented =
+        |text: &str| -> Vec<String> { text.lines().map(|line| line.trim().to_owned()).collect() };
+    let recipe = unindented(&readme_recipe("nginx"));
+    let conf = unindented(&nginx_conf);
+    assert!(
+        conf.windows(recipe.len())
+            .any(|window| window == recipe.as_slice()),
+        "deploy/decision/nginx.conf does not hold the README's nginx recipe"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let checked = Command::new(program("nginx"))
+        .args(["-t", "-e", "stderr", "-p"])
+        .arg(dir.path())
+        .arg("-c")
+        .arg(root.join("nginx.conf"))
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "nginx -t: {}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}

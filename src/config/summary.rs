@@ -29,12 +29,41 @@ fn write_header(out: &mut String, policy: &Policy) {
         .iter()
         .map(ToString::to_string)
         .collect();
-    let _ = writeln!(
-        out,
-        "listen {}   admin {}",
-        listen.join(", "),
-        policy.admin.listen
-    );
+    let listen = if listen.is_empty() {
+        "none".to_owned()
+    } else {
+        listen.join(", ")
+    };
+    let _ = writeln!(out, "listen {listen}   admin {}", policy.admin.listen);
+    if let Some(decision) = &policy.decision {
+        let allow: Vec<String> = decision.allow.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            out,
+            "decision {} (forward-auth /decide, gRPC rate limit service; {} descriptor rules), refusing with {}, asked by {}",
+            decision.listen,
+            decision.descriptors.len(),
+            decision.refuse_status.as_u16(),
+            allow.join(", ")
+        );
+        for rule in &decision.descriptors {
+            let entries: Vec<String> = rule
+                .entries
+                .iter()
+                .map(|entry| match &entry.value {
+                    Some(value) => format!("{}={value}", entry.key),
+                    None => entry.key.clone(),
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "  descriptors {} [{}] -> {} (on store failure {})",
+                rule.domain,
+                entries.join(", "),
+                rule.limit.name,
+                rule.on_store_failure.as_str()
+            );
+        }
+    }
     let trust = match &policy.client_ip.trust {
         Trust::Hops(0) => "the TCP peer is the client (trusted_hops = 0)".to_owned(),
         Trust::Hops(hops) => format!("trust {hops} X-Forwarded-For hop(s)"),
@@ -48,6 +77,12 @@ fn write_header(out: &mut String, policy: &Policy) {
         "client address: {trust}; networks /{} (IPv4), /{} (IPv6)",
         policy.client_ip.ipv4_prefix, policy.client_ip.ipv6_prefix
     );
+    if policy.decision.is_some() {
+        let _ = writeln!(
+            out,
+            "decisions: the asking proxy is one trusted hop; its last X-Forwarded-For entry counts as the peer"
+        );
+    }
     if let Some(jwt) = &policy.jwt {
         let _ = writeln!(out, "identity: {jwt}");
     }

@@ -19,7 +19,8 @@ impl Gateway {
         connection: &Connection,
         fields: &mut SetFields,
     ) -> Response<Body> {
-        let runtime = self.shared.runtime.load_full();
+        // A guard, not a clone: the answers load the runtime they serve with themselves.
+        let runtime = self.shared.runtime.load();
         let Some(decision) = &runtime.policy.decision else {
             // A reload took `[decision]` away; the listener stays until a restart.
             return respond::error(
@@ -36,6 +37,7 @@ impl Gateway {
                 Some("this address may not ask for decisions: see [decision] allow"),
             );
         }
+        drop(runtime);
         if request.uri().path() == super::rls::SHOULD_RATE_LIMIT {
             return self.answer_rls(request, fields).await;
         }
@@ -44,7 +46,7 @@ impl Gateway {
         }
         match forward_auth::original_request(request) {
             Ok(original) => self.answer(original, connection, fields).await,
-            Err(detail) => forward_auth::undescribed(&runtime, &detail),
+            Err(detail) => forward_auth::undescribed(&self.shared.runtime.load(), &detail),
         }
     }
 }

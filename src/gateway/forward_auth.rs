@@ -22,11 +22,17 @@ pub(super) static X_TOLLGATE_ROUTE: HeaderName = HeaderName::from_static("x-toll
 /// The limits that refused, on a refusal.
 pub(super) static X_TOLLGATE_LIMIT: HeaderName = HeaderName::from_static("x-tollgate-limit");
 
-/// The fields the original request's method, target and host come from, in order of
-/// preference (Traefik and Caddy send the first, nginx is told to send the second).
-const METHOD_FIELDS: [&str; 2] = ["x-forwarded-method", "x-original-method"];
-const TARGET_FIELDS: [&str; 2] = ["x-forwarded-uri", "x-original-uri"];
-const FORWARDED_HOST: &str = "x-forwarded-host";
+static X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
+static X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method");
+static X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
+static X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// The fields the original request's method and target come from, in order of preference
+/// (Traefik and Caddy send the first, nginx is told to send the second). Looked up as names,
+/// not text: a name given as text is parsed again on every lookup.
+static METHOD_FIELDS: [&HeaderName; 2] = [&X_FORWARDED_METHOD, &X_ORIGINAL_METHOD];
+static TARGET_FIELDS: [&HeaderName; 2] = [&X_FORWARDED_URI, &X_ORIGINAL_URI];
 
 /// The original request a sub-request describes: its method, target and host from the
 /// forwarded fields, the sub-request's other fields as its own, and no body (a sub-request
@@ -46,7 +52,7 @@ pub(super) fn original_request(
             shortened(target)
         )
     })?;
-    if let Some(host) = parts.headers.get(FORWARDED_HOST).cloned() {
+    if let Some(host) = parts.headers.get(&X_FORWARDED_HOST).cloned() {
         parts.headers.insert(HOST, host);
     }
     parts.method = method;
@@ -55,7 +61,7 @@ pub(super) fn original_request(
 }
 
 /// The first of `names` the sub-request carries, as text.
-fn forwarded<'h>(headers: &'h HeaderMap, names: [&str; 2]) -> Result<&'h str, String> {
+fn forwarded<'h>(headers: &'h HeaderMap, names: [&HeaderName; 2]) -> Result<&'h str, String> {
     let value = names
         .iter()
         .find_map(|name| headers.get(*name))
@@ -102,9 +108,9 @@ pub(super) fn client_address(routed: &Routed<'_>, headers: &HeaderMap) -> Result
 }
 
 /// Names the route that decided on the answer.
-pub(super) fn name_route(route: Option<&str>, fields: &mut SetFields) {
+pub(super) fn name_route(route: Option<&std::sync::Arc<str>>, fields: &mut SetFields) {
     let value = match route {
-        Some(name) => FieldValue::Text(name.to_owned()),
+        Some(name) => FieldValue::Name(name.clone()),
         None => FieldValue::Static("none"),
     };
     fields.set(&X_TOLLGATE_ROUTE, value);

@@ -344,6 +344,7 @@ impl Gateway {
     }
 
     /// The client's address, from the peer and the trusted forwarding hops.
+    #[inline]
     fn client_address(&self, routed: &Routed<'_>, headers: &HeaderMap) -> Result<IpAddr, Reject> {
         let forwarded_for = routed
             .scan

@@ -39,6 +39,7 @@ pub struct BucketAccount<L> {
 /// Accounts for `decision` on `buckets`, each with its route limit's handle (the verdicts are
 /// in the buckets' order): tells `share` each observed bucket's share, and puts what the
 /// client is told of each enforcing limit into `reports`.
+#[inline]
 pub fn account<'a, 'b, L: Copy>(
     buckets: impl Iterator<Item = (L, &'b BucketRequest<'a>)>,
     decision: &Decision,

@@ -189,7 +189,8 @@ echo "round setup          requests/s  nginx_us  tollgate_us"
 for round in $(seq 1 "$ROUNDS"); do
   for auth in 0 1; do
     nginx_site "$auth" >"$nginx_dir/nginx.conf"
-    taskset -c 1 nginx -c "$nginx_dir/nginx.conf" -p "$nginx_dir" &
+    # NGINX in its environment would be read as sockets handed over by a parent nginx.
+    env -u NGINX taskset -c 1 nginx -c "$nginx_dir/nginx.conf" -p "$nginx_dir" &
     nginx=$!
     wait_for_port "$nginx_port"
     worker=$(pgrep -P "$nginx" | head -1)

@@ -133,7 +133,11 @@ impl Shared {
         let runtime = Runtime::new(policy, &self.metrics).map_err(ReloadError::Upstream)?;
         let current = self.runtime.load();
         let (old, new) = (&current.policy, &runtime.policy);
-        if old.server.listen != new.server.listen || old.admin != new.admin {
+        let decision_listen = |policy: &Policy| policy.decision.as_ref().map(|d| d.listen);
+        if old.server.listen != new.server.listen
+            || old.admin != new.admin
+            || decision_listen(old) != decision_listen(new)
+        {
             tracing::warn!("listen addresses changed: they take effect after a restart");
         }
         if old.store != new.store {

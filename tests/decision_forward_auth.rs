@@ -317,3 +317,38 @@ async fn a_decision_listener_may_be_the_only_listener() {
     assert_eq!(reply.header("x-tollgate-route"), Some("users"));
     gateway.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_reload_changes_what_the_decision_listener_decides() {
+    let upstream = start_upstream().await;
+    let gateway = start_gateway(POLICY, upstream.address).await;
+    let client = HttpClient::new(decision_address(&gateway));
+    let ask_user = |user: &'static str| {
+        let client = client.clone();
+        async move {
+            ask(
+                &client,
+                "GET",
+                "/users/1",
+                "203.0.113.9",
+                &[("x-user", user)],
+            )
+            .await
+            .status
+        }
+    };
+    assert_eq!(ask_user("fay").await, 200);
+    assert_eq!(ask_user("fay").await, 429);
+    // Twice the capacity: a redefined limit starts fresh with it.
+    let roomier = POLICY.replace(
+        "[limits.per_user]\nkey = { header = \"x-user\" }\ncapacity = 1",
+        "[limits.per_user]\nkey = { header = \"x-user\" }\ncapacity = 2",
+    );
+    gateway.reload(compile(&roomier, upstream.address)).unwrap();
+    assert_eq!(ask_user("fay").await, 200);
+    assert_eq!(ask_user("fay").await, 200);
+    assert_eq!(ask_user("fay").await, 429);
+    // Draining: the listener stops accepting, and what was asked is answered.
+    assert!(gateway.shutdown().await);
+    assert!(std::net::TcpStream::connect(decision_address(&gateway)).is_err());
+}

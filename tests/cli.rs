@@ -591,3 +591,46 @@ async fn replaying_a_gateways_own_log_reproduces_its_refusals() {
     ]);
     assert_eq!(code, Some(2));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn decision_answers_are_logged_with_their_listener_and_protocol() {
+    let upstream = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    let decision = "[decision]\nlisten = \"127.0.0.1:0\"\n";
+    write(&file, &format!("{}{decision}", policy(upstream.address, 5)));
+    let process = run_with_json_logs(&file);
+    let listening = process.wait_for(false, |line| line.contains("\"decision listener"));
+    let client = HttpClient::new(address_in(&listening));
+    let asked = client
+        .get(
+            "/decide",
+            &[
+                ("x-forwarded-method", "GET"),
+                ("x-forwarded-uri", "/a"),
+                ("x-forwarded-for", "203.0.113.9"),
+            ],
+        )
+        .await;
+    assert_eq!(asked.status, 200);
+    let undescribed = client
+        .get("/decide", &[("x-forwarded-for", "203.0.113.9")])
+        .await;
+    assert_eq!(undescribed.status, 400);
+    process.wait_for(false, |line| line.contains("\"status\":400"));
+    let lines = process.stderr.lock().unwrap().clone();
+    let access: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|json| json["target"] == "tollgate::access")
+        .collect();
+    assert_eq!(access.len(), 2, "{lines:#?}");
+    assert_eq!(access[0]["listener"], "decision");
+    assert_eq!(access[0]["protocol"], "http");
+    assert_eq!(access[0]["client"], "203.0.113.9");
+    assert_eq!(access[0]["route"], "default");
+    assert_eq!(access[0]["path"], "/a");
+    assert_eq!(access[1]["listener"], "decision");
+    assert_eq!(access[1]["outcome"], "bad_request");
+    assert_eq!(access[1]["cause"], "client");
+}

@@ -4,8 +4,11 @@
 
 use http::{Request, Response, StatusCode};
 
-use super::{forward_auth, Connection, Gateway, RequestBody};
+use super::access_log::Exchange;
+use super::{forward_auth, Connection, Gateway, Listener, RequestBody};
 use crate::body::Body;
+use crate::metrics::Outcome;
+use crate::reject::Cause;
 use crate::respond::{self, SetFields};
 
 /// Where forward-auth sub-requests are sent.
@@ -44,9 +47,19 @@ impl Gateway {
         if request.uri().path() != DECIDE_PATH {
             return respond::not_found();
         }
+        let method = request.method().clone();
         match forward_auth::original_request(request) {
             Ok(original) => self.answer(original, connection, fields).await,
-            Err(detail) => forward_auth::undescribed(&self.shared.runtime.load(), &detail),
+            Err(detail) => {
+                let response = forward_auth::undescribed(&self.shared.runtime.load(), &detail);
+                let mut exchange = Exchange::new(method, self.shared.request_ids.for_request(None));
+                exchange.listener = Listener::Decision;
+                exchange.path = DECIDE_PATH.to_owned();
+                exchange.outcome = Some(Outcome::BadRequest);
+                exchange.cause = Some(Cause::Client);
+                exchange.log(response.status());
+                response
+            }
         }
     }
 }

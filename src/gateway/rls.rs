@@ -17,7 +17,7 @@ use super::access_log::{self, Exchange};
 use super::decide::record_share;
 use super::{accounting, Gateway, Listener, RequestBody};
 use crate::body::Body;
-use crate::config::StoreFailurePolicy;
+use crate::config::{HeaderMode, StoreFailurePolicy};
 use crate::grpc::{self, Code};
 use crate::in_flight::RequestInFlight;
 use crate::limit::{BucketKey, BucketRequest, Decision, Verdict};
@@ -68,28 +68,27 @@ impl Gateway {
         exchange.protocol = DecisionProtocol::Grpc;
         exchange.path = SHOULD_RATE_LIMIT.to_owned();
         exchange.route = Some(RLS_ROUTE.into());
-        let call = match read_call(request).await {
-            Ok(call) => call,
-            Err((code, message)) => {
-                count(decision, Outcome::BadRequest);
-                exchange.outcome = Some(Outcome::BadRequest);
-                exchange.log(http::StatusCode::OK);
-                return respond::grpc_error(code, &message, fields);
-            }
+        let mode = runtime.policy.server.ratelimit_headers;
+        let answered = match read_call(request).await {
+            Ok(call) => self
+                .decide_call(decision, mode, &call, &mut exchange)
+                .await
+                .map_err(|message| (Code::InvalidArgument, message)),
+            Err(error) => Err(error),
         };
-        let (response, outcome) = match self.decide_call(decision, &call, &mut exchange).await {
-            Ok(answered) => answered,
-            Err(message) => {
-                count(decision, Outcome::BadRequest);
-                exchange.outcome = Some(Outcome::BadRequest);
-                exchange.log(http::StatusCode::OK);
-                return respond::grpc_error(Code::InvalidArgument, &message, fields);
-            }
+        let outcome = match &answered {
+            Ok((_, outcome)) => *outcome,
+            Err(_) => Outcome::BadRequest,
         };
         count(decision, outcome);
         exchange.outcome = Some(outcome);
         exchange.log(http::StatusCode::OK);
-        respond::grpc_message(Bytes::from(response.encode_to_vec()), fields)
+        match answered {
+            Ok((response, _)) => {
+                respond::grpc_message(Bytes::from(response.encode_to_vec()), fields)
+            }
+            Err((code, message)) => respond::grpc_error(code, &message, fields),
+        }
     }
 
     /// The call's descriptors decided together; an error names a descriptor whose values
@@ -97,6 +96,7 @@ impl Gateway {
     async fn decide_call(
         &self,
         decision: &DecisionRuntime,
+        mode: HeaderMode,
         call: &RateLimitRequest,
         exchange: &mut Exchange<'_>,
     ) -> Result<(RateLimitResponse, Outcome), String> {
@@ -190,7 +190,6 @@ impl Gateway {
         } else {
             DescriptorCode::Ok
         };
-        let mode = self.shared.runtime.load().policy.server.ratelimit_headers;
         let response = RateLimitResponse {
             overall_code: overall as i32,
             statuses,
@@ -305,7 +304,7 @@ fn code(refused: bool) -> i32 {
 
 /// `retry-after` on a refusal, and the rate-limit headers of `[server] ratelimit_headers`.
 fn headers_to_add(
-    mode: crate::config::HeaderMode,
+    mode: HeaderMode,
     reports: &Reports<'_>,
     overall: DescriptorCode,
 ) -> Vec<HeaderValue> {

@@ -2,6 +2,7 @@
 //! that requests read. A compiled [`Policy`] is immutable; a reload compiles a new one.
 
 mod compile;
+pub mod costs;
 #[cfg(test)]
 pub(crate) use compile::testing;
 pub mod decision;
@@ -355,7 +356,12 @@ impl AsRef<Route> for Route {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouteLimit {
     pub limit: Arc<Limit>,
+    /// The tokens a request reserves: fixed, or `read_cost`'s default.
     pub cost: f64,
+    /// The cost read from each request instead, when the entry says where.
+    pub read_cost: Option<costs::ReadCost>,
+    /// How the reservation is settled after the response, when the entry says.
+    pub settle: Option<costs::Settle>,
 }
 
 /// How a route matches the normalized path.

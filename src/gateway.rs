@@ -25,6 +25,7 @@ mod forward;
 mod forward_auth;
 mod read_body;
 mod rls;
+mod settle;
 pub(crate) mod slots;
 
 use std::net::IpAddr;
@@ -42,6 +43,7 @@ use self::applied::Applied;
 use self::checks::FieldScan;
 use self::decide::Decider;
 use self::read_body::read_body;
+use self::settle::Settlement;
 use self::slots::SlotRequests;
 use crate::body::Body;
 use crate::in_flight::RequestInFlight;
@@ -122,7 +124,7 @@ pub struct Gateway {
 
 /// A request that found its route: what its later phases read.
 struct Routed<'r> {
-    runtime: &'r Runtime,
+    runtime: &'r Arc<Runtime>,
     route: &'r ServedRoute,
     /// The request's `Host` (or `:authority`), forwarded as it came.
     host: Option<HeaderValue>,
@@ -138,6 +140,8 @@ type Buckets<'r> = Applied<'r, BucketRequest<'r>>;
 struct Forwarded {
     response: Response<Body>,
     client_upgrade: Option<(OnUpgrade, UpgradeExpected)>,
+    /// When the request went upstream.
+    sent: std::time::Instant,
 }
 
 impl Gateway {
@@ -234,7 +238,7 @@ impl Gateway {
     /// Checks the request's head and finds its route.
     fn route<'r>(
         &self,
-        runtime: &'r Runtime,
+        runtime: &'r Arc<Runtime>,
         request: &Request<RequestBody>,
         scan: FieldScan,
         connection: &'r Connection,
@@ -340,7 +344,29 @@ impl Gateway {
         self.after_response(routed.route, &buckets, admission.decider, status)
             .await;
         let header_mode = routed.runtime.policy.server.ratelimit_headers;
-        self.finish(forwarded, header_mode, reports, fields)
+        let sent = forwarded.sent;
+        let response = self.finish(forwarded, header_mode, reports, fields)?;
+        if !routed.route.settles || status == 101 {
+            return Ok(response);
+        }
+        let settlement = Settlement::of(
+            &self.shared,
+            routed.runtime,
+            routed.route,
+            &buckets,
+            &admission.charged,
+            admission.decider,
+            sent,
+        );
+        Ok(match settlement {
+            Some(mut settlement) => {
+                if access_log::enabled() {
+                    exchange.deferred = Some(settlement.defer_line());
+                }
+                settlement.meter(response, max_body)
+            }
+            None => response,
+        })
     }
 
     /// The client's address, from the peer and the trusted forwarding hops.
@@ -424,14 +450,19 @@ impl Gateway {
             }
             let calendar_now =
                 || *calendar_time.get_or_insert_with(|| self.shared.store.calendar_now());
-            let Some(charge) = limit.charge(
-                key::tier(limit, &facts),
-                applied.cost,
-                load_factor,
-                calendar_now,
-            ) else {
+            let cost = match &applied.read_cost {
+                Some(read) => key::read_cost(read, &facts),
+                None => applied.cost,
+            };
+            let Some(mut charge) =
+                limit.charge(key::tier(limit, &facts), cost, load_factor, calendar_now)
+            else {
                 continue;
             };
+            // A request asking for more than the bucket (its tier's) holds reserves it whole.
+            if applied.read_cost.is_some() {
+                charge.cost = charge.cost.min(charge.capacity);
+            }
             buckets.push(
                 applied,
                 BucketRequest {

@@ -13,8 +13,10 @@ use ipnet::IpNet;
 
 mod json;
 
+use crate::config::costs::{Field, ReadCost};
 use crate::config::{KeySource, Limit, Missing, Normalize, Tier, TierSource};
 use crate::limit::{KeyPart, KeyParts};
+use crate::settle::{self, Reading};
 use json::{JsonBody, UnambiguousJson, AMBIGUOUS_KEY};
 
 /// Hashes request-derived key values with a secret, so stored keys reveal nothing.
@@ -377,23 +379,54 @@ fn single_value<'v>(
     Ok(Some(first))
 }
 
+/// The value at a dotted path (`user.email`, `org.id`) of a JSON object.
+fn value_at<'j>(
+    object: &'j serde_json::Map<String, serde_json::Value>,
+    path: &str,
+) -> Option<&'j serde_json::Value> {
+    let mut segments = path.split('.');
+    let mut current = object.get(segments.next()?)?;
+    for segment in segments {
+        current = current.as_object()?.get(segment)?;
+    }
+    Some(current)
+}
+
 /// Follows a dotted path (`user.email`, `org.id`) from a JSON object to a scalar: a string as
 /// it is, a number or a boolean as JSON writes it.
 fn scalar_at<'j>(
     object: &'j serde_json::Map<String, serde_json::Value>,
     path: &str,
 ) -> Option<Cow<'j, str>> {
-    let mut segments = path.split('.');
-    let mut current = object.get(segments.next()?)?;
-    for segment in segments {
-        current = current.as_object()?.get(segment)?;
-    }
-    match current {
+    match value_at(object, path)? {
         serde_json::Value::String(text) => Some(Cow::Borrowed(text)),
         serde_json::Value::Number(number) => Some(Cow::Owned(number.to_string())),
         serde_json::Value::Bool(flag) => Some(Cow::Owned(flag.to_string())),
         _ => None,
     }
+}
+
+/// What a request reserves of a cost it names (`cost = { json | header, default, max }`):
+/// its value when that is one non-negative number, else the default; never above `max`.
+pub fn read_cost(read: &ReadCost, facts: &RequestFacts<'_>) -> f64 {
+    let reading = match &read.field {
+        Field::Json(path) => match facts.json() {
+            JsonBody::Parsed(serde_json::Value::Object(json)) => value_at(json, path)
+                .and_then(serde_json::Value::as_f64)
+                .map_or(Reading::Absent, Reading::of),
+            _ => Reading::Absent,
+        },
+        Field::Header(name) => {
+            let mut values = facts.headers.get_all(name).iter();
+            match (values.next(), values.next()) {
+                (Some(value), None) => settle::parse_number(value.as_bytes()),
+                _ => Reading::Absent,
+            }
+        }
+    };
+    reading
+        .number()
+        .map_or(read.default, |value| value.min(read.max))
 }
 
 /// The tier this request is decided with: the entry of the limit's `tiers` that its tier value

@@ -31,6 +31,7 @@ pub mod rls;
 pub mod route;
 pub mod runtime;
 pub mod server;
+pub mod settle;
 mod shared;
 pub mod tls;
 pub mod upstream;

@@ -17,6 +17,9 @@ pub use per_thread::{Counter, Histogram, IntCounter, IntGauge};
 mod decision;
 mod labels;
 mod per_thread;
+mod settled;
+
+pub use settled::SettleMetrics;
 
 use crate::client_ip::TrustWarning;
 use crate::config::{Limit, Route, StoreFailurePolicy};
@@ -56,6 +59,7 @@ pub struct Metrics {
     pub delay_seconds: prometheus::Histogram,
     jwt_rejected: IntCounterVec,
     pub load_factor: Gauge,
+    settle: settled::SettleFamilies,
 }
 
 /// Latency buckets from 100 µs to 10 s.
@@ -235,6 +239,7 @@ impl Metrics {
             .expect("valid metric"),
         );
         load_factor.set(1.0);
+        let settle = settled::SettleFamilies::new(&registry);
         for result in ["ok", "error"] {
             config_reloads.with_label_values(&[result]);
         }
@@ -268,6 +273,7 @@ impl Metrics {
             delay_seconds,
             jwt_rejected,
             load_factor,
+            settle,
         }
     }
 
@@ -412,6 +418,11 @@ impl Metrics {
                     .with_label_values(&[RLS_ROUTE, policy.as_str()])
             }),
         }
+    }
+
+    /// The handles of a route limit whose cost is settled after the response.
+    pub fn for_settled(&self, route: &str, limit: &str) -> SettleMetrics {
+        self.settle.for_limit(route, limit)
     }
 
     /// The handles of one limit as a route applies it.

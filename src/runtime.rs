@@ -5,8 +5,11 @@
 
 use std::sync::Arc;
 
+use crate::config::costs::{ReadCost, Settle};
 use crate::config::{DescriptorRule, Limit, Policy, Route};
-use crate::metrics::{DecisionMetrics, LimitMetrics, Metrics, RlsMetrics, RouteMetrics, RLS_ROUTE};
+use crate::metrics::{
+    DecisionMetrics, LimitMetrics, Metrics, RlsMetrics, RouteMetrics, SettleMetrics, RLS_ROUTE,
+};
 use crate::upstream::{UpstreamPool, UpstreamSetupError};
 
 #[derive(Debug)]
@@ -45,14 +48,27 @@ pub struct ServedRoute {
     pub limits: Vec<AppliedLimit>,
     pub upstream: Arc<UpstreamPool>,
     pub metrics: RouteMetrics,
+    /// Some limit's cost is settled after the response.
+    pub settles: bool,
 }
 
 /// One of a route's limits, with what the route charges and where it counts.
 #[derive(Debug)]
 pub struct AppliedLimit {
     pub limit: Arc<Limit>,
+    /// What a request reserves: fixed, or the default of `read_cost`.
     pub cost: f64,
+    pub read_cost: Option<ReadCost>,
+    /// How the reservation is settled after the response, with its counters.
+    pub settled: Option<SettledLimit>,
     pub metrics: LimitMetrics,
+}
+
+/// A route limit's settlement, and where it counts.
+#[derive(Debug)]
+pub struct SettledLimit {
+    pub settle: Settle,
+    pub metrics: SettleMetrics,
 }
 
 impl AsRef<Route> for ServedRoute {
@@ -84,10 +100,16 @@ impl Runtime {
                     .map(|entry| AppliedLimit {
                         limit: entry.limit.clone(),
                         cost: entry.cost,
+                        read_cost: entry.read_cost.clone(),
+                        settled: entry.settle.clone().map(|settle| SettledLimit {
+                            settle,
+                            metrics: metrics.for_settled(&route.name, &entry.limit.name),
+                        }),
                         metrics: metrics.for_route_limit(&route.name, &entry.limit),
                     })
                     .collect();
                 Ok(ServedRoute {
+                    settles: route.limits.iter().any(|entry| entry.settle.is_some()),
                     route: route.clone(),
                     limits,
                     upstream,
@@ -104,6 +126,8 @@ impl Runtime {
                     applied: AppliedLimit {
                         limit: rule.limit.clone(),
                         cost: 1.0,
+                        read_cost: None,
+                        settled: None,
                         metrics: metrics.for_route_limit(RLS_ROUTE, &rule.limit),
                     },
                     rule: rule.clone(),

@@ -2,6 +2,7 @@
 //! path and what would be valid; all errors of a file are reported at once.
 
 mod auth;
+mod costs;
 mod decision;
 mod limits;
 mod routes;

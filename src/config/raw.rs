@@ -15,8 +15,10 @@ use toml::Spanned;
 use super::units::{self, Rate};
 
 mod decision;
+mod route_limit;
 
 pub use decision::{RawDecision, RawDescriptorEntry, RawDescriptorRule};
+pub use route_limit::{RawCost, RawReadCost, RawRouteLimit, RawSettle, RawSettleField};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -378,51 +380,6 @@ pub struct RawRoute {
     #[serde(default)]
     pub limits: Vec<Spanned<RawRouteLimit>>,
     pub on_store_failure: Option<StoreFailurePolicy>,
-}
-
-/// An entry of a route's `limits`: `"name"` or `{ limit = "name", cost = 10 }`.
-#[derive(Debug)]
-pub struct RawRouteLimit {
-    pub limit: String,
-    pub cost: Option<f64>,
-}
-
-impl<'de> Deserialize<'de> for RawRouteLimit {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Entry {
-            limit: String,
-            cost: Option<f64>,
-        }
-
-        struct RouteLimitVisitor;
-
-        impl<'de> Visitor<'de> for RouteLimitVisitor {
-            type Value = RawRouteLimit;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a limit name or a table { limit = \"name\", cost = N }")
-            }
-
-            fn visit_str<E: de::Error>(self, name: &str) -> Result<RawRouteLimit, E> {
-                Ok(RawRouteLimit {
-                    limit: name.to_owned(),
-                    cost: None,
-                })
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawRouteLimit, A::Error> {
-                let entry = Entry::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(RawRouteLimit {
-                    limit: entry.limit,
-                    cost: entry.cost,
-                })
-            }
-        }
-
-        deserializer.deserialize_any(RouteLimitVisitor)
-    }
 }
 
 /// A limit's `key`: one source, or a list of sources forming a composite key.

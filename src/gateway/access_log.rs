@@ -2,7 +2,7 @@
 //! moves through the phases, written when the answer is known or when the client goes away.
 
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
@@ -12,6 +12,9 @@ use crate::limit::clock;
 use crate::metrics::{DecisionProtocol, IntCounter, Outcome};
 use crate::reject::Cause;
 use crate::request_id::RequestId;
+
+/// A line held until a settlement writes it, with the response's status.
+pub(super) type DeferredLine = Arc<Mutex<Option<(Exchange<'static>, StatusCode)>>>;
 
 /// One line of the access log, and the request's count in `tollgate_requests_total` when its
 /// client leaves before the answer.
@@ -40,6 +43,12 @@ pub(super) struct Exchange<'r> {
     pub(super) listener: Listener,
     /// `grpc` for Envoy's rate limit service, else `http`.
     pub(super) protocol: DecisionProtocol,
+    /// Per settled limit, what the request reserved and what its response settled
+    /// (`limit=tokens`), once the response has ended.
+    pub(super) reserved: Option<String>,
+    pub(super) settled: Option<String>,
+    /// Where the line goes instead of the log when a settlement writes it, later.
+    pub(super) deferred: Option<DeferredLine>,
     logged: bool,
 }
 
@@ -60,13 +69,46 @@ impl<'r> Exchange<'r> {
             admitted_as: None,
             listener: Listener::Proxy,
             protocol: DecisionProtocol::Http,
+            reserved: None,
+            settled: None,
+            deferred: None,
             logged: false,
         }
     }
 
     pub(super) fn log(&mut self, status: StatusCode) {
         self.logged = true;
+        if let Some(deferred) = self.deferred.take() {
+            if let Ok(mut slot) = deferred.lock() {
+                *slot = Some((self.detach(), status));
+                return;
+            }
+        }
         write(self, status);
+    }
+
+    /// The line's fields, moved into a line of its own that outlives the request.
+    fn detach(&mut self) -> Exchange<'static> {
+        Exchange {
+            started: self.started,
+            method: self.method.clone(),
+            path: std::mem::take(&mut self.path),
+            client: self.client,
+            route: self.route.take(),
+            outcome: self.outcome,
+            cause: self.cause,
+            limit: self.limit.take(),
+            keys: self.keys.take(),
+            upstream: self.upstream,
+            request_id: self.request_id.clone(),
+            admitted_as: None,
+            listener: self.listener,
+            protocol: self.protocol,
+            reserved: self.reserved.take(),
+            settled: self.settled.take(),
+            deferred: None,
+            logged: false,
+        }
     }
 }
 
@@ -134,5 +176,7 @@ fn write(exchange: &Exchange<'_>, status: StatusCode) {
         request_id = exchange.request_id.as_str(),
         listener = exchange.listener.as_str(),
         protocol = exchange.protocol.as_str(),
+        reserved = exchange.reserved.as_deref().unwrap_or(""),
+        settled = exchange.settled.as_deref().unwrap_or(""),
     );
 }

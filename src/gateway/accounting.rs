@@ -30,6 +30,9 @@ pub struct BucketAccount<L> {
     /// Tokens charged (0 unless the request was admitted and the bucket could pay, or booked
     /// what it lacked).
     pub charged: f64,
+    /// The bucket was charged its cost, whatever it was (zero too): the request was
+    /// admitted, and the bucket could pay or booked what it lacked.
+    pub paid: bool,
     /// An enforcing bucket that could not pay (nor book).
     pub refused: bool,
     /// The bucket booked tokens the request waits for.
@@ -60,14 +63,12 @@ where
             continue;
         }
         let enforce = bucket.charge.enforce;
+        let paid = admitted && (verdict.sufficient || verdict.booked);
         share(BucketAccount {
             limit,
             fill_ratio: (verdict.tokens / verdict.capacity).clamp(0.0, 1.0),
-            charged: if admitted && (verdict.sufficient || verdict.booked) {
-                bucket.charge.cost
-            } else {
-                0.0
-            },
+            charged: if paid { bucket.charge.cost } else { 0.0 },
+            paid,
             refused: enforce && !verdict.sufficient && !verdict.booked,
             delayed: verdict.booked,
         });

@@ -21,7 +21,7 @@ pub(super) struct Admission<'r> {
     pub(super) outcome: Outcome,
     pub(super) decider: Decider,
     /// Seconds to hold the request for tokens it booked (`on_limit = "delay"`), and the
-    /// route limits whose buckets the decision charged.
+    /// route limits whose buckets the decision charged (their cost, zero too).
     pub(super) delay: f64,
     pub(super) charged: SmallVec<[&'r AppliedLimit; 4]>,
     /// The slots of its concurrency limits, held until its response ends.
@@ -164,7 +164,7 @@ fn admission<'r>(
 ) -> Option<Admission<'r>> {
     let mut charged = SmallVec::new();
     let accounting = accounting::account(buckets.iter(), decision, reports, |share| {
-        if share.charged > 0.0 {
+        if share.paid {
             charged.push(share.limit);
         }
         record_share(share)

@@ -27,6 +27,7 @@ impl Gateway {
         let Forwarded {
             mut response,
             client_upgrade,
+            ..
         } = forwarded;
         let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         if switching {

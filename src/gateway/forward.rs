@@ -88,6 +88,7 @@ impl Gateway {
         Ok(Forwarded {
             response,
             client_upgrade,
+            sent,
         })
     }
 }

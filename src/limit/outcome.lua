@@ -10,7 +10,8 @@
 -- State: decide.lua's one string of little-endian doubles per bucket: tokens and ts, then
 -- level, hold and keep, then the times of the key's recent errors.
 --
--- An extra charge may take the bucket into debt, down to -capacity. An error is added to the
+-- An extra charge may take the bucket into debt, down to -capacity; a negative one (a
+-- settlement's refund) gives tokens back up to the capacity. An error is added to the
 -- key's recent errors (at most `threshold`, none older than `window`); the threshold-th trips
 -- the key: level + 1, errors cleared, tokens clamped to the reduced capacity. Any error of a
 -- penalised key extends the reduction to now + hold.
@@ -33,6 +34,9 @@ end
 
 local reply = {}
 for i = 1, #KEYS do
+  -- One pass of a loop that runs once: `break` goes on to the next bucket (Lua 5.1 has no
+  -- continue).
+  repeat
   local base = 1 + (i - 1) * 9
   local capacity = tonumber(ARGV[base + 1])
   local rate = tonumber(ARGV[base + 2])
@@ -48,6 +52,23 @@ for i = 1, #KEYS do
   -- reads as none.
   local stored = redis.pcall('GET', KEYS[i])
   if type(stored) ~= 'string' or #stored < 16 then stored = false end
+  if rate == 0 then
+    -- A calendar quota: `factor` and `min_capacity` carry the ends of the period the gateway
+    -- decided in and of the next (Unix seconds); the server's clock picks which one counts,
+    -- as in decide.lua. Another period's count is a full quota.
+    local period = tonumber(ARGV[base + 7])
+    if now >= period * 1000000 then period = tonumber(ARGV[base + 8]) end
+    local tokens = capacity
+    if stored then
+      local stored_tokens, stored_period = struct.unpack('<dd', stored)
+      if stored_period == period then tokens = stored_tokens end
+    end
+    tokens = math.min(capacity, math.max(-capacity, tokens - extra))
+    redis.call('SET', KEYS[i], struct.pack('<dd', tokens, period), 'PX',
+      string.format('%d', math.max(math.ceil(period * 1000 - now / 1000), 0) + 1000))
+    reply[#reply + 1] = '0'
+    break
+  end
   local level, hold = 0, 0
   local errors = {}
   if stored and #stored >= 40 then
@@ -72,7 +93,8 @@ for i = 1, #KEYS do
     moment = math.max(now, ts)
     tokens = math.min(capacity * m, stored_tokens + elapsed * rate * m)
   end
-  tokens = math.max(-capacity * m, tokens - extra)
+  -- A refund (a negative extra) never fills the bucket past its capacity.
+  tokens = math.min(capacity * m, math.max(-capacity * m, tokens - extra))
 
   local tripped = false
   if is_error and factor > 0 then
@@ -108,5 +130,6 @@ for i = 1, #KEYS do
   redis.call('SET', KEYS[i], table.concat(packed), 'PX',
     string.format('%d', math.min(math.max(refill_ms, keep_ms, 0), 315360000000) + 1000))
   reply[#reply + 1] = tripped and '1' or '0'
+  until true
 end
 return reply

@@ -447,13 +447,18 @@ fn outcome_command(
     script_command(script, keys, group, Some(deadline), |command, position| {
         let request = &requests[group[position]];
         let charge = &request.charge;
-        let adaptive = request.adaptive.unwrap_or(AdaptiveParams {
+        let mut adaptive = request.adaptive.unwrap_or(AdaptiveParams {
             threshold: 1,
             window: 0.0,
             factor: 0.0,
             min_capacity: 0.0,
             hold: 0.0,
         });
+        // A quota (rate 0) has no penalty: its places carry its period's ends.
+        if let Some(period) = charge.period {
+            adaptive.factor = period.end as f64;
+            adaptive.min_capacity = period.next_end as f64;
+        }
         command
             .arg(Number(charge.capacity))
             .arg(Number(charge.rate))

@@ -22,6 +22,7 @@ use tollgate::limit::Clock;
 use tollgate::{Options, Tollgate};
 
 pub mod differential;
+pub mod llm;
 pub mod redis_server;
 pub mod tokens;
 

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use http::Method;
 use toml::Spanned;
 
+use super::costs;
 use super::limits::valid_name;
 use super::{list_or_none, Errors};
+use crate::config::costs::Field;
 use crate::config::raw;
 use crate::config::{Limit, PathMatch, PathMatching, Route, RouteLimit, Upstream};
 use crate::path;
@@ -38,7 +40,10 @@ pub(super) fn compile_route(
     let host = route_host(&raw, &key, errors);
     let upstream = route_upstream(&raw, upstreams, &key, errors);
     let route_limits = route_limits(&raw, limits, &key, errors);
-    let reads_body = route_limits.iter().any(|entry| entry.limit.reads_body());
+    let reads_body = route_limits.iter().any(|entry| {
+        entry.limit.reads_body()
+            || matches!(&entry.read_cost, Some(read) if matches!(read.field, Field::Json(_)))
+    });
     let reads_token = route_limits.iter().any(|entry| entry.limit.reads_token());
     Some(Route {
         name: Arc::from(name.as_str()),
@@ -197,21 +202,19 @@ fn route_limits(
             );
             continue;
         }
-        let cost = match entry.cost {
-            Some(cost) => positive_cost(
-                &Spanned::new(entry_span.clone(), cost),
-                &format!("{key}.limits"),
-                errors,
-            ),
-            None => route_cost,
-        };
-        let capacity = limit.capacity;
-        if limit.concurrency.is_none() && cost > capacity {
-            errors.at(Some(entry_span), format!("{key}.limits"), format!("cost {cost} is larger than limit {:?}'s capacity {capacity}: no request could ever pass; raise the capacity or lower the cost", entry.limit));
-        }
+        let charged = costs::entry_cost(
+            entry,
+            limit,
+            route_cost,
+            &entry_span,
+            &format!("{key}.limits"),
+            errors,
+        );
         route_limits.push(RouteLimit {
             limit: limit.clone(),
-            cost,
+            cost: charged.cost,
+            read_cost: charged.read_cost,
+            settle: charged.settle,
         });
     }
     route_limits

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Frame, SizeHint};
 
 use super::{Connection, IdleConnections, COPY_AT_MOST, MAX_LINE_BYTES};
@@ -25,7 +26,12 @@ pub(super) enum Framing {
 #[derive(Debug)]
 pub(super) struct Decoder {
     pub(super) state: DecodeState,
+    /// A chunked body's trailer fields, as they are read.
+    trailers: Option<Box<HeaderMap>>,
 }
+
+/// A response with more trailer fields than this is refused.
+const MAX_TRAILER_FIELDS: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum DecodeState {
@@ -42,6 +48,8 @@ pub(super) enum DecodeState {
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Step {
     Data(Bytes),
+    /// A chunked body's trailer fields, after its last chunk.
+    Trailers(Box<HeaderMap>),
     NeedMore,
     Done,
 }
@@ -54,7 +62,10 @@ impl Decoder {
             Framing::Chunked => DecodeState::ChunkSize,
             Framing::UntilClose => DecodeState::UntilClose,
         };
-        Decoder { state }
+        Decoder {
+            state,
+            trailers: None,
+        }
     }
 
     pub(super) fn is_done(&self) -> bool {
@@ -120,19 +131,45 @@ impl Decoder {
                     self.state = DecodeState::ChunkSize;
                 }
                 DecodeState::Trailers => {
-                    // Trailer fields are read and dropped; an empty line ends the body.
+                    // Trailer fields are kept (a settled cost may be one); an empty line ends
+                    // the body. A line that is no field is dropped, as a field hyper drops.
                     match buffer.windows(2).position(|pair| pair == b"\r\n") {
                         Some(0) => {
                             buffer.advance(2);
                             self.state = DecodeState::Done;
+                            if let Some(trailers) = self.trailers.take() {
+                                return Ok(Step::Trailers(trailers));
+                            }
                         }
-                        Some(end) => buffer.advance(end + 2),
+                        Some(end) => {
+                            let line = buffer.split_to(end + 2);
+                            self.trailer_field(&line[..end])?;
+                        }
                         None if buffer.len() <= MAX_LINE_BYTES => return Ok(Step::NeedMore),
                         None => return Err("response trailer field too long"),
                     }
                 }
             }
         }
+    }
+
+    /// One `name: value` line of the trailers.
+    fn trailer_field(&mut self, line: &[u8]) -> Result<(), &'static str> {
+        let Some(colon) = memchr::memchr(b':', line) else {
+            return Ok(());
+        };
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(&line[..colon]),
+            HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
+        ) else {
+            return Ok(());
+        };
+        let trailers = self.trailers.get_or_insert_with(Default::default);
+        if trailers.len() >= MAX_TRAILER_FIELDS {
+            return Err("too many response trailer fields");
+        }
+        trailers.append(name, value);
+        Ok(())
     }
 
     /// The connection reached its end: the end of the body only for a close-delimited one.
@@ -210,6 +247,10 @@ impl http_body::Body for StreamingBody {
                     }
                     Poll::Ready(Some(Ok(Frame::data(data))))
                 }
+                Ok(Step::Trailers(trailers)) => {
+                    this.finish();
+                    Poll::Ready(Some(Ok(Frame::trailers(*trailers))))
+                }
                 Ok(Step::Done) => {
                     this.finish();
                     Poll::Ready(None)
@@ -247,6 +288,7 @@ mod tests {
         loop {
             match decoder.decode(&mut buffer)? {
                 Step::Data(data) => body.extend_from_slice(&data),
+                Step::Trailers(_) => {}
                 Step::NeedMore => return Ok((body, false)),
                 Step::Done => return Ok((body, true)),
             }
@@ -259,10 +301,16 @@ mod tests {
         let mut decoder = Decoder::new(Framing::Chunked);
         let mut buffer = BytesMut::from(&input[..]);
         let mut body = Vec::new();
-        while let Step::Data(data) = decoder.decode(&mut buffer).unwrap() {
-            body.extend_from_slice(&data);
-        }
+        let trailers = loop {
+            match decoder.decode(&mut buffer).unwrap() {
+                Step::Data(data) => body.extend_from_slice(&data),
+                Step::Trailers(trailers) => break trailers,
+                other => panic!("no trailers: {other:?}"),
+            }
+        };
         assert_eq!(body, b"Wikipedia in\r\n\r\nchunks.");
+        assert_eq!(trailers.get("expires").unwrap(), "never");
+        assert_eq!(decoder.decode(&mut buffer), Ok(Step::Done));
         assert_eq!(
             &buffer[..],
             b"NEXT",
@@ -282,6 +330,7 @@ mod tests {
             loop {
                 match decoder.decode(&mut buffer).unwrap() {
                     Step::Data(data) => body.extend_from_slice(&data),
+                    Step::Trailers(_) => {}
                     Step::NeedMore => break,
                     Step::Done => {
                         done = true;

@@ -634,3 +634,28 @@ async fn decision_answers_are_logged_with_their_listener_and_protocol() {
     assert_eq!(access[1]["outcome"], "bad_request");
     assert_eq!(access[1]["cause"], "client");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_settled_response_is_logged_with_what_it_reserved_and_settled() {
+    let upstream = common::llm::start_llm_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    let settled = policy(upstream.address, 1000).replace(
+        "limits = [\"per_network\"]",
+        "limits = [\"per_network\", { limit = \"tokens\", cost = { header = \"x-reserve\", default = 50 }, settle = { header = \"x-tokens\" } }]",
+    ) + "[limits.tokens]\nkey = \"global\"\ncapacity = 1000\nrate = \"1/s\"\n";
+    write(&file, &settled);
+    let process = run_with_json_logs(&file);
+    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
+    let client = HttpClient::new(address_in(&listening));
+    let reply = client
+        .get("/header", &[("x-reserve", "70"), ("x-test-tokens", "12")])
+        .await;
+    assert_eq!(reply.status, 200);
+    let line = process.wait_for(false, |line| line.contains("tollgate::access"));
+    let access: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(access["path"], "/header");
+    assert_eq!(access["status"], 200);
+    assert_eq!(access["reserved"], "tokens=70");
+    assert_eq!(access["settled"], "tokens=12");
+}

@@ -42,6 +42,17 @@ path = "/export"
 upstream = "app"
 limits = [{ limit = "api_user", cost = 30 }, "per_network"]
 
+[limits.bytes_sent]
+key = "global"
+capacity = 100000
+rate = "100000/s"
+
+[[routes]]
+name = "download"
+path = "/download"
+upstream = "app"
+limits = [{ limit = "bytes_sent", cost = 1, settle = "response_bytes" }]
+
 [[routes]]
 name = "broken"
 path = "/broken"
@@ -140,11 +151,22 @@ async fn every_metric_of_the_specification_with_counters_that_add_up() {
             .get("/page", &[("x-forwarded-for", "192.0.2.3")])
             .await; // shadow limit trips twice
     }
+    let download = client.get("/download", &[]).await;
     let admin = HttpClient::new(gateway.admin_address);
     let text = String::from_utf8(admin.get("/metrics", &[]).await.body.to_vec()).unwrap();
     let scrape = parse(&text);
 
     let expected = [
+        (
+            "tollgate_settled_cost_total",
+            "counter",
+            &["direction", "limit", "route"][..],
+        ),
+        (
+            "tollgate_settle_missing_total",
+            "counter",
+            &["limit", "route"],
+        ),
         (
             "tollgate_requests_total",
             "counter",
@@ -197,6 +219,14 @@ async fn every_metric_of_the_specification_with_counters_that_add_up() {
     }
 
     // Counter arithmetic.
+    assert_eq!(
+        scrape.value(
+            "tollgate_settled_cost_total",
+            &[("route", "download"), ("direction", "charge")]
+        ),
+        download.body.len() as f64 - 1.0,
+        "the bytes sent, less the reservation"
+    );
     let export = [("route", "export")];
     assert_eq!(
         scrape.value(
@@ -290,7 +320,8 @@ async fn every_metric_of_the_specification_with_counters_that_add_up() {
             "tollgate_store_duration_seconds_count",
             &[("backend", "memory")]
         ),
-        4.0 + 1.0 + 3.0
+        4.0 + 1.0 + 3.0 + 1.0,
+        "exports, the broken route, pages, the download (its settlement is not timed)"
     );
     assert_eq!(scrape.value("tollgate_inflight_requests", &[]), 0.0);
     // Labels come from configuration only: no address, key or path appears anywhere.

@@ -94,6 +94,28 @@ fn write_header(out: &mut String, policy: &Policy) {
     );
 }
 
+/// What a route charges a limit: its cost, or where the cost is read, and how it settles.
+fn describe_cost(entry: &crate::config::RouteLimit) -> String {
+    let mut text = match &entry.read_cost {
+        None => entry.cost.to_string(),
+        Some(read) => {
+            let field = crate::config::costs::Measure::Field(read.field.clone()).describe();
+            let max = match read.max {
+                max if max.is_finite() => format!(", max {max}"),
+                _ => String::new(),
+            };
+            format!("{field}, default {}{max}", read.default)
+        }
+    };
+    if let Some(settle) = &entry.settle {
+        text.push_str(&format!("; settled by {}", settle.measure.describe()));
+        if settle.scale != 1.0 {
+            text.push_str(&format!(" × {}", settle.scale));
+        }
+    }
+    text
+}
+
 /// One line per route, in matching order.
 fn write_routes(out: &mut String, policy: &Policy) {
     let _ = writeln!(out, "\nroutes (first match wins):");
@@ -121,7 +143,7 @@ fn write_routes(out: &mut String, policy: &Policy) {
         let limits: Vec<String> = route
             .limits
             .iter()
-            .map(|entry| format!("{} ({})", entry.limit.name, entry.cost))
+            .map(|entry| format!("{} ({})", entry.limit.name, describe_cost(entry)))
             .collect();
         let _ = writeln!(
             out,

@@ -9,6 +9,7 @@ use ipnet::IpNet;
 use toml::Spanned;
 
 use super::Errors;
+use crate::config::costs::Field;
 use crate::config::raw::{self, KeySource};
 use crate::config::{DecisionSettings, DescriptorEntry, DescriptorRule, Limit, Policy};
 
@@ -203,6 +204,17 @@ pub(super) fn warnings(policy: &Policy) -> Vec<String> {
             warnings.push(format!("limit {name:?} is adaptive: the decision listener never sees the response, so its penalties do not apply there"));
         }
     }
+    for route in &policy.routes {
+        for entry in &route.limits {
+            let (name, limit) = (&route.name, &entry.limit.name);
+            if entry.settle.is_some() {
+                warnings.push(format!("route {name:?} settles limit {limit:?} after the response: the decision listener never sees the response, so its answers keep the reservation"));
+            }
+            if matches!(&entry.read_cost, Some(read) if matches!(read.field, Field::Json(_))) {
+                warnings.push(format!("route {name:?} reads limit {limit:?}'s cost from the body, which a forward-auth sub-request does not carry: on the decision listener it reserves the default"));
+            }
+        }
+    }
     warnings
 }
 
@@ -287,6 +299,18 @@ mod tests {
                     .any(|w| w.contains(&format!("limit \"{name}\""))
                         && w.contains("decision listener")),
                 "{name}: {:?}",
+                warned.warnings
+            );
+        }
+        let settled = text.replace(
+            "\"by_status\"]",
+            "{ limit = \"by_status\", cost = { json = \"n\", default = 1 }, settle = \"upstream_ms\" }]",
+        );
+        let warned = policy(&format!("{settled}[decision]\n"));
+        for what in ["settles limit \"by_status\"", "cost from the body"] {
+            assert!(
+                warned.warnings.iter().any(|w| w.contains(what)),
+                "{what}: {:?}",
                 warned.warnings
             );
         }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a machine that has the Rust toolchain: finds what the tests need
-# (redis-server and redis-cli, promtool, python3 with kubernetes-validate, Chromium, cc,
-# prlimit, nginx and Caddy), installs what is missing from Debian's packages and PyPI when it
-# can, says what it does, then runs `cargo test`. Arguments go to cargo test.
+# (redis-server and redis-cli, promtool, python3 with kubernetes-validate, the openai client,
+# Chromium, cc, prlimit, nginx and Caddy), installs what is missing from Debian's packages and
+# PyPI when it can, says what it does, then runs `cargo test`. Arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +42,17 @@ if ! python3 -c "import kubernetes_validate" 2>/dev/null; then
   echo "test: installing kubernetes-validate from PyPI"
   python3 -m pip install --quiet kubernetes-validate 2>/dev/null \
     || python3 -m pip install --quiet --break-system-packages kubernetes-validate
+fi
+# The settled-costs test runs the official openai client, in a virtual environment of its own.
+venv=target/test-python
+if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
+  echo "test: installing the openai Python client from PyPI into $venv"
+  if ! python3 -m venv "$venv" 2>/dev/null; then
+    rm -rf "$venv"
+    apt_install python3-venv
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/python" -m pip install --quiet openai
 fi
 # A Redis test preloads a clock-shifting library it builds with cc; an accept test runs the
 # gateway under prlimit (util-linux).

@@ -2,15 +2,16 @@
 //! rejects it with a [`Reject`]; `respond::rejection` renders every rejection in one place.
 //!
 //! ```text
-//! handle ─ route ─ client_address ─ read_body ─ bucket_requests ─ decide ─ (delay) ─ forward ─ after_response ─ finish
+//! handle ─ route ─ client_address ─ read_body ─ bucket_requests ─ decide ─ (delay) ─ forward ─ after_response ─ finish ─ (settle)
 //!           400/405/431/404    400         413/400       400/401       429/503            502/504                502
 //! ```
 //!
 //! Every request leaves one access-log line and its counters. Beside this file, each phase of
 //! its own named for it: `read_body.rs`, `decide.rs` (with `slots.rs`, the concurrency slots it
-//! takes), `delay.rs`, `forward.rs`, `after_response.rs`, `finish.rs`; and the pure parts,
-//! `checks.rs` (the request head), `accounting.rs` (what a decision means), `access_log.rs` (the
-//! log line). Why a request ends early is `crate::reject`.
+//! takes), `delay.rs`, `forward.rs`, `after_response.rs`, `finish.rs`, `settle.rs` (costs
+//! settled when the response body ends); and the pure parts, `checks.rs` (the request head),
+//! `accounting.rs` (what a decision means), `access_log.rs` (the log line). Why a request ends
+//! early is `crate::reject`.
 
 mod access_log;
 pub mod accounting;

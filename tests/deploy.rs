@@ -147,7 +147,7 @@ limits = ["exports"]
 name = "default"
 path_prefix = "/"
 upstream = "app"
-limits = ["per_account"]
+limits = [{ limit = "per_account", cost = 1, settle = "response_bytes", scale = 0.001 }]
 
 [decision]
 listen = "127.0.0.1:0"

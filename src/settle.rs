@@ -6,6 +6,7 @@
 //! only what the field needs is kept (a JSON body up to `[server] max_buffered_body`, by
 //! reference to the frames; of an event stream, the event being read and the last value).
 
+mod body;
 mod json;
 mod sse;
 
@@ -14,6 +15,7 @@ use http::{HeaderMap, HeaderName};
 
 use crate::config::costs::{Field, Measure};
 
+use body::{BodyScan, Coded};
 pub use json::number_at;
 pub use sse::EventScanner;
 
@@ -68,29 +70,14 @@ pub fn parse_number(text: &[u8]) -> Reading {
     parsed.map_or(Reading::Invalid, Reading::of)
 }
 
-/// What a response's body is read as for the JSON fields its settled limits name.
-#[derive(Debug)]
-enum BodyScan {
-    /// Nothing reads the body.
-    None,
-    /// A JSON body, kept by reference to its frames until it ends.
-    Json {
-        frames: Vec<Bytes>,
-        length: usize,
-        /// It grew past the most that is kept: its fields read as invalid.
-        overflowed: bool,
-    },
-    /// An event stream: each event is read as it completes.
-    Events(Box<EventScanner>),
-}
-
 /// One response as its settled limits measure it, frame by frame.
 #[derive(Debug)]
 pub struct Meter {
     /// Each settled limit's measure, in the order their values are asked for.
     measures: Vec<Measure>,
-    body: BodyScan,
-    limit: usize,
+    /// The body as its JSON fields are read: decompressed first when the upstream compressed
+    /// it (what the client receives is untouched).
+    body: Coded,
     /// Data bytes seen.
     bytes: u64,
     /// Per measure: what its header said at the head, or its trailer.
@@ -105,7 +92,7 @@ impl Meter {
         let reads_json = measures
             .iter()
             .any(|measure| matches!(measure, Measure::Field(Field::Json(_))));
-        let body = if !reads_json {
+        let scan = if !reads_json {
             BodyScan::None
         } else if is_event_stream(head) {
             let paths = measures
@@ -117,12 +104,9 @@ impl Meter {
                 .collect();
             BodyScan::Events(Box::new(EventScanner::new(paths, limit)))
         } else {
-            BodyScan::Json {
-                frames: Vec::new(),
-                length: 0,
-                overflowed: false,
-            }
+            BodyScan::json(limit)
         };
+        let body = Coded::new(scan, head);
         let headers = measures
             .iter()
             .map(|measure| match measure {
@@ -133,7 +117,6 @@ impl Meter {
         Meter {
             measures,
             body,
-            limit,
             bytes: 0,
             headers,
             ended: false,
@@ -143,27 +126,7 @@ impl Meter {
     /// A data frame on its way to the client.
     pub fn data(&mut self, data: &Bytes) {
         self.bytes += data.len() as u64;
-        match &mut self.body {
-            BodyScan::None => {}
-            BodyScan::Json {
-                frames,
-                length,
-                overflowed,
-            } => {
-                if *overflowed || data.is_empty() {
-                    return;
-                }
-                *length += data.len();
-                if *length > self.limit {
-                    *overflowed = true;
-                    frames.clear();
-                    frames.shrink_to_fit();
-                } else {
-                    frames.push(data.clone());
-                }
-            }
-            BodyScan::Events(scanner) => scanner.feed(data),
-        }
+        self.body.data(data);
     }
 
     /// The response's trailers.
@@ -178,6 +141,7 @@ impl Meter {
     /// The body ended whole: what is kept of it is read.
     pub fn end(&mut self) {
         self.ended = true;
+        self.body.end();
     }
 
     /// The data bytes seen so far.
@@ -193,15 +157,7 @@ impl Meter {
             Measure::UpstreamMs => Reading::of(elapsed_ms),
             Measure::ResponseBytes => Reading::of(self.bytes as f64),
             Measure::Field(Field::Header(_)) => self.headers[index],
-            Measure::Field(Field::Json(path)) => match &self.body {
-                BodyScan::Events(scanner) => scanner.reading(index),
-                BodyScan::Json { .. } if !self.ended => Reading::Absent,
-                BodyScan::Json {
-                    overflowed: true, ..
-                } => Reading::Invalid,
-                BodyScan::Json { frames, .. } => number_at(frames, path),
-                BodyScan::None => Reading::Absent,
-            },
+            Measure::Field(Field::Json(path)) => self.body.reading(index, path, self.ended),
         }
     }
 }

@@ -48,6 +48,12 @@ upstream = "llm"
 limits = [{ limit = "org_tokens", cost = 300, settle = { json = "usage.total_tokens" } }]
 
 [[routes]]
+name = "gzip"
+path_prefix = "/gzip"
+upstream = "llm"
+limits = [{ limit = "org_tokens", cost = 300, settle = { json = "usage.total_tokens" } }]
+
+[[routes]]
 name = "events"
 path_prefix = "/events"
 upstream = "llm"
@@ -228,6 +234,16 @@ async fn a_value_that_cannot_be_read_keeps_the_reservation_and_is_counted() {
     }
     assert_eq!(missing(&gateway, "bodies"), 2.0 * BODIES.len() as f64);
     assert_eq!(settled(&gateway, "bodies", "org_tokens", "refund"), 0.0);
+
+    // A compressed body is read inflated; the client gets it as it came.
+    let reply = client
+        .get("/gzip", &[org("gz"), ("x-test-tokens", "25")])
+        .await;
+    assert_eq!(reply.header("content-encoding"), Some("gzip"));
+    let next = client
+        .get("/gzip", &[org("gz"), ("x-test-tokens", "25")])
+        .await;
+    assert_eq!(remaining(&next), 1000.0 - 25.0 - 300.0);
 
     // 3,000 events without usage and one with it: the stream settles to the last.
     let reply = client.get("/events/3000", &[org("events")]).await;

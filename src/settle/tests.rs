@@ -128,7 +128,7 @@ fn an_event_stream_keeps_one_event_at_most_and_never_the_stream() {
     for _ in 0..100_000 {
         scanner_meter.data(&event);
     }
-    let BodyScan::Events(scanner) = &scanner_meter.body else {
+    let Some(BodyScan::Events(scanner)) = scanner_meter.body.scan() else {
         panic!("not read as events");
     };
     assert!(scanner.held() <= 512, "holds {} bytes", scanner.held());
@@ -156,7 +156,7 @@ fn an_event_stream_keeps_one_event_at_most_and_never_the_stream() {
             b"data: xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
         ));
     }
-    let BodyScan::Events(scanner) = &meter.body else {
+    let Some(BodyScan::Events(scanner)) = meter.body.scan() else {
         panic!("not read as events");
     };
     assert!(scanner.held() <= 512, "holds {} bytes", scanner.held());
@@ -193,4 +193,83 @@ fn bytes_and_time_are_measured_as_they_pass() {
     assert_eq!(meter.reading(0, 0.0), Reading::Number(11.0));
     assert_eq!(meter.reading(1, 250.5), Reading::Number(250.5));
     assert_eq!(meter.bytes(), 11);
+}
+
+fn compressed(bytes: &[u8], gzip: bool) -> Vec<u8> {
+    use std::io::Write as _;
+    if gzip {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    } else {
+        let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+}
+
+#[test]
+fn a_compressed_body_is_read_inflated_and_an_unknown_coding_is_unreadable() {
+    let body = format!(
+        r#"{{"pad":"{}","usage":{{"total_tokens":77}}}}"#,
+        "z".repeat(5000)
+    );
+    let events = "data: {\"usage\":null}\n\ndata: {\"usage\":{\"total_tokens\":9}}\n\n";
+    for (coding, gzip) in [("gzip", true), ("deflate", false)] {
+        let packed = compressed(body.as_bytes(), gzip);
+        let pieces: Vec<&[u8]> = packed.chunks(13).collect();
+        let coded = head(&[("content-encoding", coding)]);
+        assert_eq!(
+            read(json("usage.total_tokens"), &coded, &pieces, 1 << 16),
+            Reading::Number(77.0),
+            "{coding}"
+        );
+        // What it inflates to counts against the limit, not what it is compressed to.
+        assert_eq!(
+            read(json("usage.total_tokens"), &coded, &pieces, 1024),
+            Reading::Invalid,
+            "{coding}: 5 KiB inflated"
+        );
+        let streamed = head(&[
+            ("content-encoding", coding),
+            ("content-type", "text/event-stream"),
+        ]);
+        let packed = compressed(events.as_bytes(), gzip);
+        assert_eq!(
+            read(json("usage.total_tokens"), &streamed, &[&packed], 1 << 16),
+            Reading::Number(9.0),
+            "{coding} events"
+        );
+    }
+    let broken = head(&[("content-encoding", "gzip")]);
+    assert_eq!(
+        read(
+            json("usage.total_tokens"),
+            &broken,
+            &[b"{\"usage\":1}"],
+            1 << 16
+        ),
+        Reading::Invalid,
+        "not gzip at all"
+    );
+    let brotli = head(&[("content-encoding", "br")]);
+    assert_eq!(
+        read(
+            json("usage.total_tokens"),
+            &brotli,
+            &[body.as_bytes()],
+            1 << 16
+        ),
+        Reading::Invalid
+    );
+    // A bomb: 8 MiB of zeros in a few KiB never grows the kept body past the limit.
+    let bomb = compressed(&vec![b'0'; 8 << 20], true);
+    let mut meter = Meter::new(
+        vec![json("n")],
+        &head(&[("content-encoding", "gzip")]),
+        1 << 16,
+    );
+    meter.data(&Bytes::from(bomb));
+    meter.end();
+    assert_eq!(meter.reading(0, 0.0), Reading::Invalid);
 }

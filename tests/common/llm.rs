@@ -10,6 +10,7 @@
 //! - `/events/<n>`: `n` events without usage, then one with `usage.total_tokens` = `n`;
 //! - `/held`: one event at once, the usage event (`x-test-tokens`) once `release` is notified;
 //! - `/endless`: an event every 10 ms for up to 10 s;
+//! - `/gzip`: a gzip-compressed JSON body whose usage is `x-test-tokens`;
 //! - `/header`: `x-tokens` from `x-test-tokens`; `/trailer`: the same as a trailer;
 //! - `/sleep/<ms>`: answers after that long; `/bytes/<n>`: `n` bytes.
 
@@ -129,6 +130,19 @@ async fn answer(
                 Some((Ok(Frame::data(Bytes::from(event))), index + 1))
             });
             event_stream(StreamBody::new(frames).boxed())
+        }
+        "gzip" => {
+            use std::io::Write as _;
+            let body = format!(r#"{{"usage":{{"total_tokens":{tokens}}}}}"#);
+            let mut encoder =
+                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            encoder.write_all(body.as_bytes()).unwrap();
+            let mut response = json(String::new());
+            *response.body_mut() = full(encoder.finish().unwrap());
+            response
+                .headers_mut()
+                .insert("content-encoding", HeaderValue::from_static("gzip"));
+            response
         }
         "header" => {
             let mut response = json("{}".to_owned());

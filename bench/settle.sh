@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# What settling a cost after the response costs, in one gateway process on one core (CPU 1; wrk
+# and the upstream on CPU 0), the rows interleaved round by round:
+#
+#   plain-json    a 4 KiB JSON response, admitted by a limit that does not settle
+#   settled-json  the same response, its limit settled by { json = "usage.total_tokens" }
+#   plain-sse     a 101-event stream (OpenAI-style, usage last), admitted, not settled
+#   settled-sse   the same stream, settled by its last usage event
+#
+# Each row prints requests/s and the gateway's CPU (user + system) per request; each settled row
+# its ratio to the plain row of the same body and round. Target: ≤ 1.15×. Then the memory of a
+# stream in flight: STREAMS streams held open mid-way (50 events sent) on a plain route and on a
+# settled one, the gateway's resident memory per stream above idle for each. Target: the
+# settled stream's extra ≤ 16 KiB.
+#
+#   bench/settle.sh                      # 3 rounds of 10 s per row, 32 connections, 500 streams
+#   BENCH_ROUNDS=5 STREAMS=1000 bench/settle.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/common.sh
+
+DURATION=${BENCH_DURATION:-10}
+CONNECTIONS=${BENCH_CONNECTIONS:-32}
+ROUNDS=${BENCH_ROUNDS:-3}
+STREAMS=${STREAMS:-500}
+whole_numbers DURATION="$DURATION" CONNECTIONS="$CONNECTIONS" ROUNDS="$ROUNDS" STREAMS="$STREAMS"
+need_tools wrk taskset python3
+
+cargo build --release --quiet --bin tollgate --example fast_upstream
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+start_fast_upstream
+
+port=$(free_port) admin_port=$(free_port)
+cat >"$work/policy.toml" <<CONF
+[server]
+listen = ["127.0.0.1:$port"]
+[admin]
+listen = "127.0.0.1:$admin_port"
+[upstreams.app]
+url = "http://127.0.0.1:$upstream_port"
+[limits.org_tokens]
+key = "client_network"
+capacity = 1000000000
+rate = "1000000000/s"
+[[routes]]
+name = "settled"
+path_prefix = "/settled"
+upstream = "app"
+limits = [{ limit = "org_tokens", cost = 1000, settle = { json = "usage.total_tokens" } }]
+[[routes]]
+name = "plain"
+path_prefix = "/"
+upstream = "app"
+limits = [{ limit = "org_tokens", cost = 1000 }]
+CONF
+
+RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 \
+  ./target/release/tollgate --worker-threads 1 run --config "$work/policy.toml" >/dev/null 2>&1 &
+gateway=$!
+pids+=("$gateway")
+wait_for_port "$port"
+
+cpu_ticks() {
+  local stat
+  read -r -a stat < "/proc/$1/stat"
+  echo $((stat[13] + stat[14]))
+}
+
+# row PATH: wrk on CPU 0 against PATH; prints "requests/s cpu_us_per_request" of the gateway.
+row() {
+  local before after output requests
+  before=$(cpu_ticks "$gateway")
+  output=$(taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$port$1" 2>&1)
+  after=$(cpu_ticks "$gateway")
+  if grep -q "Non-2xx" <<<"$output"; then
+    echo "bench: answers other than 2xx on $1:" >&2
+    echo "$output" >&2
+    exit 1
+  fi
+  requests=$(awk '/requests in/ {print $1}' <<<"$output")
+  awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" -v d="$DURATION" \
+    'BEGIN {printf "%.0f %.3f\n", n / d, t * 1e6 / hz / n}'
+}
+
+for path in /json /settled/json /sse /settled/sse; do
+  DURATION=1 row "$path" >/dev/null
+done
+
+echo "round row           requests/s  cpu_us/req  ÷plain"
+for round in $(seq 1 "$ROUNDS"); do
+  for body in json sse; do
+    read -r rps base <<<"$(row "/$body")"
+    printf "%5d %-13s %10s %11s %6s\n" "$round" "plain-$body" "$rps" "$base" 1.00
+    read -r rps cpu <<<"$(row "/settled/$body")"
+    printf "%5d %-13s %10s %11s %6.2f\n" "$round" "settled-$body" "$rps" "$cpu" \
+      "$(awk -v a="$cpu" -v b="$base" 'BEGIN {print a / b}')"
+  done
+done
+
+# held PORT PID PATH: the resident KiB of gateway PID with STREAMS streams of PATH open and
+# mid-way.
+held() {
+  python3 - "$1" "$STREAMS" "$3" "$2" <<'PY'
+import asyncio, sys
+port, count, path, pid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+def rss():
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+async def stream():
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+    seen = b""
+    while seen.count(b"data:") < 50:
+        chunk = await reader.read(65536)
+        if not chunk:
+            raise SystemExit("bench: a held stream closed early")
+        seen += chunk
+    return writer
+async def main():
+    writers = []
+    for start in range(0, count, 100):
+        writers += await asyncio.gather(*(stream() for _ in range(start, min(count, start + 100))))
+    await asyncio.sleep(0.5)
+    print(rss())
+    for writer in writers:
+        writer.close()
+asyncio.run(main())
+PY
+}
+
+kill "$gateway"
+wait "$gateway" 2>/dev/null || true
+echo
+echo "streams in flight: $STREAMS held mid-way, each route in a fresh gateway process"
+echo "route     idle_kib  held_kib  kib_per_stream"
+for route in plain settled; do
+  path=/sse-held
+  [[ $route == settled ]] && path=/settled/sse-held
+  RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 \
+    ./target/release/tollgate --worker-threads 1 run --config "$work/policy.toml" >/dev/null 2>&1 &
+  gateway=$!
+  pids+=("$gateway")
+  wait_for_port "$port"
+  # One short request of each kind first: what every process allocates once is not per stream.
+  taskset -c 0 wrk -t1 -c4 -d1s "http://127.0.0.1:$port/settled/sse" >/dev/null
+  sleep 0.5
+  idle=$(awk '/^VmRSS:/ {print $2}' "/proc/$gateway/status")
+  with=$(held "$port" "$gateway" "$path")
+  printf "%-9s %8s %9s %15.1f\n" "$route" "$idle" "$with" \
+    "$(awk -v a="$with" -v b="$idle" -v n="$STREAMS" 'BEGIN {print (a - b) / n}')"
+  kill "$gateway"
+  wait "$gateway" 2>/dev/null || true
+done

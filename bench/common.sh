@@ -134,6 +134,13 @@ measure_gateway() {
     'BEGIN {printf "%s %.3f\n", r, t * 1e6 / hz / n}'
 }
 
+# cpu_ticks PID: the process's user + system time so far, in clock ticks.
+cpu_ticks() {
+  local stat
+  read -r -a stat < "/proc/$1/stat"
+  echo $((stat[13] + stat[14]))
+}
+
 # start_fast_upstream: the minimal upstream (examples/fast_upstream, built) on CPU 0, stopped
 # on exit; sets upstream_port.
 start_fast_upstream() {

@@ -78,12 +78,6 @@ message = field(1, b"edge") + field(2, field(1, entry))
 open(sys.argv[1], "wb").write(b"\0" + struct.pack(">I", len(message)) + message)
 PY
 
-cpu_ticks() {
-  local stat
-  read -r -a stat < "/proc/$1/stat"
-  echo $((stat[13] + stat[14]))
-}
-
 # measure PID COMMAND...: runs COMMAND (a load generator printing its request count) on CPU 0
 # and prints "requests/s cpu_us_per_request" of PID.
 measure() {

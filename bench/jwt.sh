@@ -25,11 +25,6 @@ cargo build --release --quiet --bin tollgate --example fast_upstream --example s
 source bench/common.sh
 
 clk_tck=$(getconf CLK_TCK)
-cpu_ticks() {
-  read -r -a stat < "/proc/$1/stat"
-  echo $((stat[13] + stat[14]))
-}
-
 upstream_port=$(free_port)
 taskset -c 0 ./target/release/examples/fast_upstream "127.0.0.1:$upstream_port" >/dev/null 2>&1 &
 pids+=($!)

@@ -60,12 +60,6 @@ gateway=$!
 pids+=("$gateway")
 wait_for_port "$port"
 
-cpu_ticks() {
-  local stat
-  read -r -a stat < "/proc/$1/stat"
-  echo $((stat[13] + stat[14]))
-}
-
 # row PATH: wrk on CPU 0 against PATH; prints "requests/s cpu_us_per_request" of the gateway.
 row() {
   local before after output requests

@@ -88,6 +88,8 @@ struct Scratch {
     buckets: Vec<(usize, u32, usize)>,
     states: Vec<Option<BucketState>>,
     verdicts: Verdicts,
+    /// Per charge: what the response settled it to, when the log says.
+    settled: Vec<Option<f64>>,
     network_key: String,
 }
 
@@ -168,10 +170,12 @@ impl<'p> Replay<'p> {
             buckets,
             states,
             verdicts,
+            settled,
             network_key,
         } = &mut self.scratch;
         charges.clear();
         buckets.clear();
+        settled.clear();
         let mut logged_keys = line.logged_keys();
         for (position, entry) in routes[route_index].limits.iter().enumerate() {
             let limit = &*entry.limit;
@@ -192,11 +196,20 @@ impl<'p> Replay<'p> {
             if exempt {
                 continue;
             }
-            let Some(charge) = limit.charge(None, entry.cost, 1.0, || line.time) else {
+            // A settled cost is replayed as it happened: its reservation decides, then the
+            // difference to what the response settled is charged.
+            let logged = entry
+                .settle
+                .as_ref()
+                .and(line.costs.as_ref())
+                .and_then(|costs| costs.of(&limit.name));
+            let cost = logged.map_or(entry.cost, |(reserved, _)| reserved);
+            let Some(charge) = limit.charge(None, cost, 1.0, || line.time) else {
                 continue;
             };
             let limit_index = self.limit_indexes[route_index][position];
             charges.push(charge);
+            settled.push(logged.map(|(_, settled)| settled));
             buckets.push((limit_index, self.keys[limit_index].number(key), position));
         }
         states.clear();
@@ -206,15 +219,32 @@ impl<'p> Replay<'p> {
                 .map(|&(limit, key, _)| self.keys[limit].buckets[key as usize]),
         );
         let now = Timestamp((line.time.max(0.0) * 1e9) as u64);
-        bucket::decide(charges, states, now, verdicts);
-        for (((&(limit, key, position), state), verdict), charge) in buckets
+        let admitted = bucket::decide(charges, states, now, verdicts);
+        for ((((&(limit, key, position), state), verdict), charge), settled) in buckets
             .iter()
-            .zip(states.iter())
+            .zip(states.iter_mut())
             .zip(verdicts.iter())
             .zip(charges.iter())
+            .zip(settled.iter())
         {
+            let paid = admitted && (verdict.sufficient || verdict.booked);
+            let charge = match settled {
+                Some(settled) if paid => {
+                    *state = Some(bucket::charge_after(
+                        *state,
+                        charge,
+                        settled - charge.cost,
+                        now,
+                    ));
+                    Charge {
+                        cost: *settled,
+                        ..*charge
+                    }
+                }
+                _ => *charge,
+            };
             let keys = &mut self.keys[limit];
-            keys.usage[key as usize].record(line.time, charge);
+            keys.usage[key as usize].record(line.time, &charge);
             if state.is_some() {
                 keys.buckets[key as usize] = *state;
             }

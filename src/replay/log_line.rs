@@ -27,6 +27,34 @@ pub struct LogLine<'a> {
     /// `$cookie_NAME`, `$arg_NAME`; the headers Caddy and Traefik log), for limits keyed by
     /// them.
     pub logged: Vec<(LoggedField, Cow<'a, str>)>,
+    /// What each settled limit reserved and settled (`limit=tokens,…`), as tollgate's JSON
+    /// log carries them for routes whose costs settle after the response.
+    pub costs: Option<LoggedCosts<'a>>,
+}
+
+/// A settled request's costs as the gateway logged them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedCosts<'a> {
+    pub reserved: Cow<'a, str>,
+    pub settled: Cow<'a, str>,
+}
+
+impl LoggedCosts<'_> {
+    /// What `limit` reserved and settled to, when logged.
+    pub fn of(&self, limit: &str) -> Option<(f64, f64)> {
+        Some((
+            tokens(&self.reserved, limit)?,
+            tokens(&self.settled, limit)?,
+        ))
+    }
+}
+
+/// The tokens logged for `limit` in `limit=tokens,…`.
+fn tokens(pairs: &str, limit: &str) -> Option<f64> {
+    pairs.split(',').find_map(|pair| {
+        let (name, tokens) = pair.split_once('=')?;
+        (name == limit).then(|| tokens.parse().ok()).flatten()
+    })
 }
 
 /// What a logged value is: a request header (its name in lower case), a cookie or a query

@@ -244,6 +244,7 @@ impl<'a> Fields<'a> {
             // A request the server could not read reached no limit.
             decided: path.is_some() && !method.is_empty() && status != Some(400),
             logged,
+            costs: None,
         })
     }
 }

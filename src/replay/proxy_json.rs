@@ -79,6 +79,7 @@ pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
         keys: None,
         decided: status != 400,
         logged,
+        costs: None,
     }))
 }
 
@@ -143,6 +144,7 @@ pub(super) fn traefik<'a>(
         keys: None,
         decided: status != 400,
         logged,
+        costs: None,
     }))
 }
 

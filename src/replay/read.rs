@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::io::{BufRead, BufReader, Read};
 use std::net::IpAddr;
 
+use super::log_line::LoggedCosts;
 use super::log_line::{origin_path, query_of, text};
 pub use super::log_line::{LogLine, LoggedField, LoggedKeys};
 use super::nginx_format::NginxFormat;
@@ -147,6 +148,12 @@ impl LineParser {
                 )
             ),
             logged: Vec::new(),
+            costs: match (json.reserved, json.settled) {
+                (Some(reserved), Some(settled)) if !settled.is_empty() => {
+                    Some(LoggedCosts { reserved, settled })
+                }
+                _ => None,
+            },
         }))
     }
 
@@ -203,6 +210,7 @@ impl LineParser {
             // reached no limit.
             decided: path.is_some() && !method.is_empty() && status != 400,
             logged,
+            costs: None,
         })
     }
 }
@@ -228,6 +236,10 @@ pub(super) struct AccessFields<'a> {
     outcome: Option<Cow<'a, str>>,
     #[serde(borrow, default, deserialize_with = "text")]
     keys: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    reserved: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    settled: Option<Cow<'a, str>>,
 }
 
 impl<'a> AccessFields<'a> {
@@ -246,6 +258,8 @@ impl<'a> AccessFields<'a> {
                 "client" => &mut fields.client,
                 "outcome" => &mut fields.outcome,
                 "keys" => &mut fields.keys,
+                "reserved" => &mut fields.reserved,
+                "settled" => &mut fields.settled,
                 _ => return,
             };
             match value {

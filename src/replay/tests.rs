@@ -23,6 +23,7 @@ fn line(time: f64, user: Option<&str>, client: &str) -> LogLine<'static> {
         ),
         decided: true,
         logged: Vec::new(),
+        costs: None,
     }
 }
 
@@ -595,3 +596,5 @@ fn a_logged_host_meets_the_routes_that_match_one() {
         "the host in any case, with a port"
     );
 }
+
+mod settled;

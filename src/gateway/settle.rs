@@ -21,9 +21,9 @@ use super::decide::Decider;
 use super::{applied, Buckets};
 use crate::body::{Body, BoxError};
 use crate::limit::{
-    clock, AdaptiveParams, BucketKey, Charge, KeyParts, OutcomeRequest, StoreError,
+    clock, AdaptiveParams, BucketKey, Charge, KeyParts, OutcomeRequest, Store, StoreError,
 };
-use crate::runtime::{Runtime, ServedRoute};
+use crate::runtime::{AppliedLimit, Runtime, ServedRoute};
 use crate::settle::{Meter, Reading};
 use crate::shared::Shared;
 
@@ -124,25 +124,42 @@ impl Settlement {
         })
     }
 
-    /// Starts the settlement of what `meter` measured; `ended`: the body ended whole.
+    /// Settles what `meter` measured (`ended`: the body ended whole): at once in process
+    /// memory, or by a task whose Redis call the returned handle waits for.
     fn start(self, meter: &Meter, ended: bool) -> Option<JoinHandle<()>> {
         let elapsed_ms = clock::elapsed(self.sent).as_secs_f64() * 1e3;
         let readings: Vec<Reading> = (0..self.entries.len())
             .map(|index| meter.reading(index, elapsed_ms))
             .collect();
+        let redis = match (&self.shared.store, self.decider) {
+            (Store::Redis(redis), Decider::Store) => redis.clone(),
+            _ => {
+                let charges = self.charges(readings, ended);
+                let landed = !charges.requests.is_empty() && self.record_here(&charges.requests);
+                self.finish(charges, landed);
+                return None;
+            }
+        };
         // Without a runtime (the process is ending) the reservations stand.
         tokio::runtime::Handle::try_current().ok()?;
         let tasks = self.shared.tasks.clone();
-        Some(tasks.spawn(self.settle(readings, ended)))
+        Some(tasks.spawn(async move {
+            let charges = self.charges(readings, ended);
+            let landed = !charges.requests.is_empty()
+                && self.landed(redis.record_outcomes(&charges.requests).await);
+            self.finish(charges, landed);
+        }))
     }
 
-    /// Charges each bucket the difference between its settled cost and its reservation.
-    async fn settle(self, readings: Vec<Reading>, ended: bool) {
+    /// What each settled bucket is charged beyond its reservation (negative: given back).
+    fn charges(&self, readings: Vec<Reading>, ended: bool) -> Charges<'_> {
         let route = &self.runtime.routes[self.route];
-        let mut requests = Vec::with_capacity(self.entries.len());
-        let mut settled_limits = Vec::with_capacity(self.entries.len());
-        let mut reserved_text = String::new();
-        let mut settled_text = String::new();
+        let mut charges = Charges {
+            requests: Vec::with_capacity(self.entries.len()),
+            limits: Vec::with_capacity(self.entries.len()),
+            reserved: String::new(),
+            settled: String::new(),
+        };
         for (entry, reading) in self.entries.iter().zip(readings) {
             let applied = &route.limits[entry.limit];
             let Some(settled) = &applied.settled else {
@@ -160,8 +177,11 @@ impl Settlement {
                 }
             };
             let name = &applied.limit.name;
-            push_entry(&mut reserved_text, name, reserved);
-            push_entry(&mut settled_text, name, value.unwrap_or(reserved));
+            // The log's fields are built only for a line that is written.
+            if self.line.is_some() {
+                push_entry(&mut charges.reserved, name, reserved);
+                push_entry(&mut charges.settled, name, value.unwrap_or(reserved));
+            }
             let Some(value) = value else {
                 continue;
             };
@@ -169,7 +189,7 @@ impl Settlement {
             if difference == 0.0 {
                 continue;
             }
-            requests.push(OutcomeRequest {
+            charges.requests.push(OutcomeRequest {
                 key: BucketKey {
                     limit: name,
                     fingerprint: entry.fingerprint,
@@ -182,36 +202,24 @@ impl Settlement {
                 adaptive: entry.adaptive,
                 error: false,
             });
-            settled_limits.push(applied);
+            charges.limits.push(applied);
         }
-        if !requests.is_empty() && self.record(&requests).await {
-            for (request, applied) in requests.iter().zip(settled_limits) {
-                let (Some(settled), difference) = (&applied.settled, request.charge.cost) else {
-                    continue;
-                };
-                if difference > 0.0 {
-                    settled.metrics.charged.inc_by(difference);
-                    applied.metrics.tokens_consumed.inc_by(difference);
-                } else {
-                    settled.metrics.refunded.inc_by(-difference);
-                }
-            }
-        }
-        let line = self.line.and_then(|line| line.lock().ok()?.take());
-        if let Some((mut exchange, status)) = line {
-            exchange.reserved = Some(reserved_text);
-            exchange.settled = Some(settled_text);
-            exchange.log(status);
-        }
+        charges
     }
 
-    /// Records the charges in the store that decided; whether they landed.
-    async fn record(&self, requests: &[OutcomeRequest<'_>]) -> bool {
-        let recorded = match self.decider {
-            Decider::Store => self.shared.store.record_outcomes(requests).await,
-            Decider::Local => Ok(self.shared.local.record_outcomes(requests)),
-            Decider::Nobody => return false,
+    /// Records the charges in this process's buckets (the memory store, or the local ones of
+    /// `on_store_failure = "local"`).
+    fn record_here(&self, requests: &[OutcomeRequest<'_>]) -> bool {
+        match (&self.shared.store, self.decider) {
+            (Store::Memory(memory), Decider::Store) => memory.record_outcomes(requests),
+            (_, Decider::Local) => self.shared.local.record_outcomes(requests),
+            _ => return false,
         };
+        true
+    }
+
+    /// Whether the store's answer says the charges landed.
+    fn landed<T>(&self, recorded: Result<T, StoreError>) -> bool {
         match recorded {
             Ok(_) => true,
             // Late (counted by the store), or the store is known to be down: nothing landed.
@@ -223,6 +231,37 @@ impl Settlement {
             }
         }
     }
+
+    /// Counts what landed, and writes the request's access-log line.
+    fn finish(&self, charges: Charges<'_>, landed: bool) {
+        if landed {
+            for (request, applied) in charges.requests.iter().zip(charges.limits) {
+                let (Some(settled), difference) = (&applied.settled, request.charge.cost) else {
+                    continue;
+                };
+                if difference > 0.0 {
+                    settled.metrics.charged.inc_by(difference);
+                    applied.metrics.tokens_consumed.inc_by(difference);
+                } else {
+                    settled.metrics.refunded.inc_by(-difference);
+                }
+            }
+        }
+        let line = self.line.as_ref().and_then(|line| line.lock().ok()?.take());
+        if let Some((mut exchange, status)) = line {
+            exchange.reserved = Some(charges.reserved);
+            exchange.settled = Some(charges.settled);
+            exchange.log(status);
+        }
+    }
+}
+
+/// A settlement's charges, with their route limits and the access log's fields.
+struct Charges<'s> {
+    requests: Vec<OutcomeRequest<'s>>,
+    limits: Vec<&'s AppliedLimit>,
+    reserved: String,
+    settled: String,
 }
 
 /// `limit=tokens`, comma-separated, as the access log carries them.

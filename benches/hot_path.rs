@@ -3,14 +3,17 @@
 use std::hint::black_box;
 use std::net::IpAddr;
 
+use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, Method};
 use tollgate::client_ip::{self, Trust};
+use tollgate::config::costs::{Field, Measure};
 use tollgate::config::{HeaderMode, Policy};
 use tollgate::key::{self, KeyHasher, RequestFacts};
 use tollgate::limit::{BucketKey, BucketRequest, Charge, Clock, KeyPart, MemoryStore};
 use tollgate::reject::LimitReport;
 use tollgate::respond::{self, SetFields};
+use tollgate::settle::{Measuring, Meter, Reading};
 use tollgate::{path, route};
 
 fn three_limit_policy() -> Policy {
@@ -265,6 +268,54 @@ fn refusal(c: &mut Criterion) {
     });
 }
 
+/// A chat completion of 4 KiB, its usage last (as `examples/fast_upstream` serves it).
+fn completion() -> Bytes {
+    let head = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":""#;
+    let tail = r#""},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":900,"total_tokens":912}}"#;
+    let mut text = head.to_owned() + &"lorem ipsum ".repeat(4096 / 12);
+    text.truncate(4096 - tail.len());
+    Bytes::from(text + tail)
+}
+
+fn settlement(c: &mut Criterion) {
+    let body = completion();
+    let json = HeaderMap::new();
+    let tokens = [Measuring::of(&Measure::Field(Field::Json(
+        "usage.total_tokens".into(),
+    )))];
+    // The baseline: serde_json skipping the same document without building any of it.
+    c.bench_function("skip a 4 KiB JSON body (serde_json)", |b| {
+        b.iter(|| serde_json::from_slice::<serde::de::IgnoredAny>(black_box(&body)).unwrap())
+    });
+    c.bench_function("settle a 4 KiB JSON body", |b| {
+        b.iter(|| {
+            let mut meter = Meter::new(&tokens, &json, 1 << 20);
+            meter.data(black_box(&body));
+            meter.end();
+            assert_eq!(meter.reading(0, 0.0), Reading::Number(912.0));
+        })
+    });
+    let mut events = HeaderMap::new();
+    events.insert(
+        http::header::CONTENT_TYPE,
+        "text/event-stream".parse().unwrap(),
+    );
+    let stream: Vec<Bytes> = (0..100)
+        .map(|index| Bytes::from(format!(r#"data: {{"id":"c","object":"chat.completion.chunk","choices":[{{"index":0,"delta":{{"content":"word{index} "}},"finish_reason":null}}],"usage":null}}"#) + "\n\n"))
+        .chain([Bytes::from_static(b"data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":100,\"total_tokens\":112}}\n\ndata: [DONE]\n\n")])
+        .collect();
+    c.bench_function("settle a 101-event stream", |b| {
+        b.iter(|| {
+            let mut meter = Meter::new(&tokens, &events, 1 << 20);
+            for frame in &stream {
+                meter.data(black_box(frame));
+            }
+            meter.end();
+            assert_eq!(meter.reading(0, 0.0), Reading::Number(112.0));
+        })
+    });
+}
+
 criterion_group!(
     benches,
     decision,
@@ -274,6 +325,7 @@ criterion_group!(
     client_address,
     routing,
     normalization,
-    refusal
+    refusal,
+    settlement
 );
 criterion_main!(benches);

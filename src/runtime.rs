@@ -10,6 +10,7 @@ use crate::config::{DescriptorRule, Limit, Policy, Route};
 use crate::metrics::{
     DecisionMetrics, LimitMetrics, Metrics, RlsMetrics, RouteMetrics, SettleMetrics, RLS_ROUTE,
 };
+use crate::settle::Measuring;
 use crate::upstream::{UpstreamPool, UpstreamSetupError};
 
 #[derive(Debug)]
@@ -68,6 +69,8 @@ pub struct AppliedLimit {
 #[derive(Debug)]
 pub struct SettledLimit {
     pub settle: Settle,
+    /// `settle.measure`, compiled for reading responses.
+    pub measuring: Measuring,
     pub metrics: SettleMetrics,
 }
 
@@ -102,6 +105,7 @@ impl Runtime {
                         cost: entry.cost,
                         read_cost: entry.read_cost.clone(),
                         settled: entry.settle.clone().map(|settle| SettledLimit {
+                            measuring: Measuring::of(&settle.measure),
                             settle,
                             metrics: metrics.for_settled(&route.name, &entry.limit.name),
                         }),

@@ -16,8 +16,11 @@ use http::{HeaderMap, HeaderName};
 use crate::config::costs::{Field, Measure};
 
 use body::{BodyScan, Coded};
-pub use json::number_at;
-pub use sse::EventScanner;
+pub use json::JsonPath;
+use sse::EventScanner;
+
+/// One item per settled limit of a response (rarely more than two).
+pub type PerMeasure<T> = smallvec::SmallVec<[T; 2]>;
 
 /// A settlement value above 2^53 is not a count of anything: no integer above it is exact,
 /// and a bucket would read it as an endless debt.
@@ -74,35 +77,56 @@ pub fn parse_number(text: &[u8]) -> Reading {
 #[derive(Debug)]
 pub struct Meter {
     /// Each settled limit's measure, in the order their values are asked for.
-    measures: Vec<Measure>,
+    measures: PerMeasure<Measuring>,
     /// The body as its JSON fields are read: decompressed first when the upstream compressed
     /// it (what the client receives is untouched).
     body: Coded,
     /// Data bytes seen.
     bytes: u64,
     /// Per measure: what its header said at the head, or its trailer.
-    headers: Vec<Reading>,
+    headers: PerMeasure<Reading>,
     ended: bool,
+}
+
+/// A settle measure as meters read it, compiled once per route limit (cheap to clone).
+#[derive(Debug, Clone)]
+pub enum Measuring {
+    Json(JsonPath),
+    Header(HeaderName),
+    UpstreamMs,
+    ResponseBytes,
+}
+
+impl Measuring {
+    pub fn of(measure: &Measure) -> Measuring {
+        match measure {
+            Measure::Field(Field::Json(path)) => Measuring::Json(JsonPath::new(path)),
+            Measure::Field(Field::Header(name)) => Measuring::Header(name.clone()),
+            Measure::UpstreamMs => Measuring::UpstreamMs,
+            Measure::ResponseBytes => Measuring::ResponseBytes,
+        }
+    }
 }
 
 impl Meter {
     /// A meter for `measures` over a response with this head; a JSON body (or event) is kept
     /// up to `limit` bytes.
-    pub fn new(measures: Vec<Measure>, head: &HeaderMap, limit: usize) -> Meter {
-        let reads_json = measures
-            .iter()
-            .any(|measure| matches!(measure, Measure::Field(Field::Json(_))));
-        let scan = if !reads_json {
+    pub fn new<'m>(
+        measures: impl IntoIterator<Item = &'m Measuring>,
+        head: &HeaderMap,
+        limit: usize,
+    ) -> Meter {
+        let measures: PerMeasure<Measuring> = measures.into_iter().cloned().collect();
+        let json_paths = || {
+            measures.iter().map(|measure| match measure {
+                Measuring::Json(path) => Some(path.clone()),
+                _ => None,
+            })
+        };
+        let scan = if json_paths().all(|path| path.is_none()) {
             BodyScan::None
         } else if is_event_stream(head) {
-            let paths = measures
-                .iter()
-                .map(|measure| match measure {
-                    Measure::Field(Field::Json(path)) => Some(path.clone()),
-                    _ => None,
-                })
-                .collect();
-            BodyScan::Events(Box::new(EventScanner::new(paths, limit)))
+            BodyScan::Events(Box::new(EventScanner::new(json_paths().collect(), limit)))
         } else {
             BodyScan::json(limit)
         };
@@ -110,7 +134,7 @@ impl Meter {
         let headers = measures
             .iter()
             .map(|measure| match measure {
-                Measure::Field(Field::Header(name)) => header_reading(Reading::Absent, head, name),
+                Measuring::Header(name) => header_reading(Reading::Absent, head, name),
                 _ => Reading::Absent,
             })
             .collect();
@@ -132,7 +156,7 @@ impl Meter {
     /// The response's trailers.
     pub fn trailers(&mut self, trailers: &HeaderMap) {
         for (measure, reading) in self.measures.iter().zip(&mut self.headers) {
-            if let Measure::Field(Field::Header(name)) = measure {
+            if let Measuring::Header(name) = measure {
                 *reading = header_reading(*reading, trailers, name);
             }
         }
@@ -154,10 +178,10 @@ impl Meter {
     /// or the `elapsed_ms` given (from forwarding until now).
     pub fn reading(&self, index: usize, elapsed_ms: f64) -> Reading {
         match &self.measures[index] {
-            Measure::UpstreamMs => Reading::of(elapsed_ms),
-            Measure::ResponseBytes => Reading::of(self.bytes as f64),
-            Measure::Field(Field::Header(_)) => self.headers[index],
-            Measure::Field(Field::Json(path)) => self.body.reading(index, path, self.ended),
+            Measuring::UpstreamMs => Reading::of(elapsed_ms),
+            Measuring::ResponseBytes => Reading::of(self.bytes as f64),
+            Measuring::Header(_) => self.headers[index],
+            Measuring::Json(path) => self.body.reading(index, path, self.ended),
         }
     }
 }

@@ -24,7 +24,7 @@ use crate::limit::{
     clock, AdaptiveParams, BucketKey, Charge, KeyParts, OutcomeRequest, Store, StoreError,
 };
 use crate::runtime::{AppliedLimit, Runtime, ServedRoute};
-use crate::settle::{Meter, Reading};
+use crate::settle::{Meter, PerMeasure, Reading};
 use crate::shared::Shared;
 
 /// What a response's settlement needs once the request's borrows are gone.
@@ -34,7 +34,7 @@ pub(super) struct Settlement {
     /// Holds the route's limits, whatever reloads happen meanwhile.
     runtime: Arc<Runtime>,
     route: usize,
-    entries: Vec<Entry>,
+    entries: PerMeasure<Entry>,
     /// When the request was forwarded.
     sent: Instant,
     line: Option<DeferredLine>,
@@ -65,7 +65,7 @@ impl Settlement {
         if decider == Decider::Nobody {
             return None;
         }
-        let entries: Vec<Entry> = buckets
+        let entries: PerMeasure<Entry> = buckets
             .iter()
             .filter(|(limit, _)| {
                 limit.settled.is_some()
@@ -111,8 +111,7 @@ impl Settlement {
             .entries
             .iter()
             .filter_map(|entry| route.limits[entry.limit].settled.as_ref())
-            .map(|settled| settled.settle.measure.clone())
-            .collect();
+            .map(|settled| &settled.measuring);
         let meter = Meter::new(measures, response.headers(), limit);
         response.map(|inner| {
             Body::boxed(SettlingBody {
@@ -128,7 +127,7 @@ impl Settlement {
     /// memory, or by a task whose Redis call the returned handle waits for.
     fn start(self, meter: &Meter, ended: bool) -> Option<JoinHandle<()>> {
         let elapsed_ms = clock::elapsed(self.sent).as_secs_f64() * 1e3;
-        let readings: Vec<Reading> = (0..self.entries.len())
+        let readings: PerMeasure<Reading> = (0..self.entries.len())
             .map(|index| meter.reading(index, elapsed_ms))
             .collect();
         let redis = match (&self.shared.store, self.decider) {
@@ -152,11 +151,11 @@ impl Settlement {
     }
 
     /// What each settled bucket is charged beyond its reservation (negative: given back).
-    fn charges(&self, readings: Vec<Reading>, ended: bool) -> Charges<'_> {
+    fn charges(&self, readings: PerMeasure<Reading>, ended: bool) -> Charges<'_> {
         let route = &self.runtime.routes[self.route];
         let mut charges = Charges {
-            requests: Vec::with_capacity(self.entries.len()),
-            limits: Vec::with_capacity(self.entries.len()),
+            requests: PerMeasure::new(),
+            limits: PerMeasure::new(),
             reserved: String::new(),
             settled: String::new(),
         };
@@ -258,8 +257,8 @@ impl Settlement {
 
 /// A settlement's charges, with their route limits and the access log's fields.
 struct Charges<'s> {
-    requests: Vec<OutcomeRequest<'s>>,
-    limits: Vec<&'s AppliedLimit>,
+    requests: PerMeasure<OutcomeRequest<'s>>,
+    limits: PerMeasure<&'s AppliedLimit>,
     reserved: String,
     settled: String,
 }

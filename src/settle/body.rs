@@ -9,7 +9,7 @@ use flate2::write::{GzDecoder, ZlibDecoder};
 use http::header::CONTENT_ENCODING;
 use http::HeaderMap;
 
-use super::json::number_at;
+use super::json::{number_at, JsonPath};
 use super::sse::EventScanner;
 use super::Reading;
 
@@ -21,7 +21,8 @@ pub(super) enum BodyScan {
     /// A JSON body, kept until it ends (by reference to its frames when they come as they
     /// are), at most `limit` bytes.
     Json {
-        frames: Vec<Bytes>,
+        /// Most bodies come in a frame or two.
+        frames: smallvec::SmallVec<[Bytes; 2]>,
         length: usize,
         limit: usize,
         /// It grew past the most that is kept: its fields read as invalid.
@@ -34,7 +35,7 @@ pub(super) enum BodyScan {
 impl BodyScan {
     pub(super) fn json(limit: usize) -> BodyScan {
         BodyScan::Json {
-            frames: Vec::new(),
+            frames: smallvec::SmallVec::new(),
             length: 0,
             limit,
             overflowed: false,
@@ -67,13 +68,13 @@ impl BodyScan {
         *length += more;
         if *length > *limit {
             *overflowed = true;
-            *frames = Vec::new();
+            *frames = smallvec::SmallVec::new();
         } else {
             frames.push(bytes());
         }
     }
 
-    fn reading(&self, index: usize, path: &str, ended: bool) -> Reading {
+    fn reading(&self, index: usize, path: &JsonPath, ended: bool) -> Reading {
         match self {
             BodyScan::Events(scanner) => scanner.reading(index),
             BodyScan::Json { .. } if !ended => Reading::Absent,
@@ -169,7 +170,7 @@ impl Coded {
         }
     }
 
-    pub(super) fn reading(&self, index: usize, path: &str, ended: bool) -> Reading {
+    pub(super) fn reading(&self, index: usize, path: &JsonPath, ended: bool) -> Reading {
         match self {
             Coded::Identity(scan) => scan.reading(index, path, ended),
             Coded::Gzip(decoder) => decoder.get_ref().reading(index, path, ended),

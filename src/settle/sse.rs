@@ -2,9 +2,9 @@
 //! its `data` is kept until the event ends, and of the fields the settled limits name only the
 //! last value an event carried.
 
-use memchr::memmem;
+use memchr::memmem::Finder;
 
-use super::json::number_in;
+use super::json::{number_in, JsonPath};
 use super::Reading;
 
 /// A buffer that grew past this is given back when its event ends: one large event must not
@@ -13,10 +13,9 @@ const KEPT_CAPACITY: usize = 4096;
 
 /// The state of one event stream.
 #[derive(Debug)]
-pub struct EventScanner {
-    /// Per settled measure: the JSON path it reads (`None`: it reads no event), and the
-    /// quoted first segment an event's data must contain to be parsed at all.
-    paths: Vec<Option<(String, Vec<u8>)>>,
+pub(super) struct EventScanner {
+    /// Per settled measure: the JSON path it reads (`None`: it reads no event).
+    paths: Vec<Option<EventField>>,
     /// Per measure: the last value an event carried.
     readings: Vec<Reading>,
     /// The line being read, when a frame ended inside it.
@@ -33,15 +32,14 @@ pub struct EventScanner {
 impl EventScanner {
     /// A scanner for the JSON `paths` (by measure), keeping at most `limit` bytes of an
     /// event.
-    pub fn new(paths: Vec<Option<String>>, limit: usize) -> EventScanner {
+    pub(super) fn new(paths: Vec<Option<JsonPath>>, limit: usize) -> EventScanner {
         let readings = vec![Reading::Absent; paths.len()];
         let paths = paths
             .into_iter()
             .map(|path| {
                 path.map(|path| {
-                    let first = path.split('.').next().unwrap_or_default();
-                    let needle = format!("\"{first}\"").into_bytes();
-                    (path, needle)
+                    let key = Finder::new(&format!("\"{}\"", path.first())).into_owned();
+                    EventField { path, key }
                 })
             })
             .collect();
@@ -57,7 +55,7 @@ impl EventScanner {
     }
 
     /// The bytes of the stream that came next.
-    pub fn feed(&mut self, mut bytes: &[u8]) {
+    pub(super) fn feed(&mut self, mut bytes: &[u8]) {
         while let Some(end) = memchr::memchr(b'\n', bytes) {
             let piece = &bytes[..end];
             bytes = &bytes[end + 1..];
@@ -77,12 +75,13 @@ impl EventScanner {
     }
 
     /// What the measure at `index` last read.
-    pub fn reading(&self, index: usize) -> Reading {
+    pub(super) fn reading(&self, index: usize) -> Reading {
         self.readings[index]
     }
 
     /// The bytes a scanner holds beyond its own size.
-    pub fn held(&self) -> usize {
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
         self.line.capacity() + self.data.capacity()
     }
 
@@ -140,17 +139,17 @@ impl EventScanner {
             .zip(&mut self.readings)
             .zip(std::iter::repeat(&self.data))
         {
-            let Some((path, needle)) = path else {
+            let Some(field) = path else {
                 continue;
             };
             if overflowed {
                 *reading = Reading::Invalid;
                 continue;
             }
-            if data.is_empty() || memmem::find(data, needle).is_none() {
+            if !field.may_carry(data) {
                 continue;
             }
-            match number_in(data, path) {
+            match number_in(data, &field.path) {
                 Reading::Absent => {}
                 carried => *reading = carried,
             }
@@ -159,5 +158,25 @@ impl EventScanner {
         if self.data.capacity() > KEPT_CAPACITY {
             self.data = Vec::new();
         }
+    }
+}
+
+/// A JSON path an event stream is read for.
+#[derive(Debug)]
+struct EventField {
+    path: JsonPath,
+    /// The path's first key, quoted: an event that never names it is not parsed.
+    key: Finder<'static>,
+}
+
+impl EventField {
+    /// Whether an event's data may carry the field: it names the key, and not only as
+    /// `"key": null` (how OpenAI-style streams say "not yet" on every event but the last).
+    fn may_carry(&self, data: &[u8]) -> bool {
+        self.key.find_iter(data).any(|at| {
+            let after = data[at + self.key.needle().len()..].trim_ascii_start();
+            let value = after.strip_prefix(b":").map(<[u8]>::trim_ascii_start);
+            !value.is_some_and(|value| value.starts_with(b"null"))
+        })
     }
 }

@@ -3,12 +3,14 @@ use http::{HeaderMap, HeaderValue};
 
 use super::*;
 
-fn json(path: &str) -> Measure {
-    Measure::Field(Field::Json(path.to_owned()))
+fn json(path: &str) -> Measuring {
+    Measuring::of(&Measure::Field(Field::Json(path.to_owned())))
 }
 
-fn header(name: &'static str) -> Measure {
-    Measure::Field(Field::Header(HeaderName::from_static(name)))
+fn header(name: &'static str) -> Measuring {
+    Measuring::of(&Measure::Field(Field::Header(HeaderName::from_static(
+        name,
+    ))))
 }
 
 fn head(fields: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -20,8 +22,8 @@ fn head(fields: &[(&'static str, &'static str)]) -> HeaderMap {
 }
 
 /// The reading of one measure over a body sent in `frames`, ended whole.
-fn read(measure: Measure, head: &HeaderMap, frames: &[&[u8]], limit: usize) -> Reading {
-    let mut meter = Meter::new(vec![measure], head, limit);
+fn read(measure: Measuring, head: &HeaderMap, frames: &[&[u8]], limit: usize) -> Reading {
+    let mut meter = Meter::new(&[measure], head, limit);
     for frame in frames {
         meter.data(&Bytes::copy_from_slice(frame));
     }
@@ -87,7 +89,7 @@ fn what_a_json_body_cannot_settle_reads_as_invalid_or_absent() {
         Reading::Invalid
     );
     // Cut short: the reservation stands.
-    let mut meter = Meter::new(vec![json("n")], &none, 1 << 16);
+    let mut meter = Meter::new(&[json("n")], &none, 1 << 16);
     meter.data(&Bytes::from_static(b"{\"n\":1}"));
     assert_eq!(meter.reading(0, 0.0), Reading::Absent);
 }
@@ -112,6 +114,27 @@ fn an_event_stream_settles_by_the_last_event_that_carries_the_field() {
             "frames of {size}"
         );
     }
+    // An event that names the field only as null, parseable or not, carries nothing; one
+    // that also names it otherwise is parsed (here: named twice, so unknown).
+    let after = concat!(
+        "data: {\"usage\":{\"total_tokens\":42}}\n\n",
+        "data: {\"usage\" :\tnull}\n\n",
+        "data: {\"usage\":null,\"broken\n\n",
+    );
+    assert_eq!(
+        read(
+            json("usage.total_tokens"),
+            &head,
+            &[after.as_bytes()],
+            1 << 16
+        ),
+        Reading::Number(42.0)
+    );
+    let twice = b"data: {\"usage\":null,\"usage\":{\"total_tokens\":3}}\n\n";
+    assert_eq!(
+        read(json("usage.total_tokens"), &head, &[twice], 1 << 16),
+        Reading::Invalid
+    );
     // An unfinished last event does not count.
     let cut = b"data: {\"usage\":{\"total_tokens\":7}}\n\ndata: {\"usage\":{\"total_tokens\":9}}\n";
     assert_eq!(
@@ -123,7 +146,7 @@ fn an_event_stream_settles_by_the_last_event_that_carries_the_field() {
 #[test]
 fn an_event_stream_keeps_one_event_at_most_and_never_the_stream() {
     let head = head(&[("content-type", "text/event-stream")]);
-    let mut scanner_meter = Meter::new(vec![json("usage.total_tokens")], &head, 256);
+    let mut scanner_meter = Meter::new(&[json("usage.total_tokens")], &head, 256);
     let event = Bytes::from(format!("data: {{\"text\":\"{}\"}}\n\n", "x".repeat(100)));
     for _ in 0..100_000 {
         scanner_meter.data(&event);
@@ -150,7 +173,7 @@ fn an_event_stream_keeps_one_event_at_most_and_never_the_stream() {
         Reading::Number(5.0)
     );
     // One endless line.
-    let mut meter = Meter::new(vec![json("usage.total_tokens")], &head, 256);
+    let mut meter = Meter::new(&[json("usage.total_tokens")], &head, 256);
     for _ in 0..1000 {
         meter.data(&Bytes::from_static(
             b"data: xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
@@ -165,15 +188,19 @@ fn an_event_stream_keeps_one_event_at_most_and_never_the_stream() {
 #[test]
 fn a_header_or_trailer_settles_once_and_twice_is_invalid() {
     let measure = || vec![header("x-tokens")];
-    let meter = Meter::new(measure(), &head(&[("x-tokens", " 12 ")]), 0);
+    let meter = Meter::new(&measure(), &head(&[("x-tokens", " 12 ")]), 0);
     assert_eq!(meter.reading(0, 0.0), Reading::Number(12.0));
-    let mut meter = Meter::new(measure(), &HeaderMap::new(), 0);
+    let mut meter = Meter::new(&measure(), &HeaderMap::new(), 0);
     assert_eq!(meter.reading(0, 0.0), Reading::Absent);
     meter.trailers(&head(&[("x-tokens", "7.5")]));
     assert_eq!(meter.reading(0, 0.0), Reading::Number(7.5));
     meter.trailers(&head(&[("x-tokens", "7.5")]));
     assert_eq!(meter.reading(0, 0.0), Reading::Invalid, "head and trailer");
-    let meter = Meter::new(measure(), &head(&[("x-tokens", "1"), ("x-tokens", "2")]), 0);
+    let meter = Meter::new(
+        &measure(),
+        &head(&[("x-tokens", "1"), ("x-tokens", "2")]),
+        0,
+    );
     assert_eq!(meter.reading(0, 0.0), Reading::Invalid);
     for text in ["-1", "+1", "inf", "NaN", "1e400", "0x10", "12 tokens", ""] {
         assert_eq!(parse_number(text.as_bytes()), Reading::Invalid, "{text:?}");
@@ -184,7 +211,7 @@ fn a_header_or_trailer_settles_once_and_twice_is_invalid() {
 #[test]
 fn bytes_and_time_are_measured_as_they_pass() {
     let mut meter = Meter::new(
-        vec![Measure::ResponseBytes, Measure::UpstreamMs],
+        &[Measuring::ResponseBytes, Measuring::UpstreamMs],
         &HeaderMap::new(),
         0,
     );
@@ -265,7 +292,7 @@ fn a_compressed_body_is_read_inflated_and_an_unknown_coding_is_unreadable() {
     // A bomb: 8 MiB of zeros in a few KiB never grows the kept body past the limit.
     let bomb = compressed(&vec![b'0'; 8 << 20], true);
     let mut meter = Meter::new(
-        vec![json("n")],
+        &[json("n")],
         &head(&[("content-encoding", "gzip")]),
         1 << 16,
     );

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite on a machine that has the Rust toolchain: finds what the tests need
 # (redis-server and redis-cli, promtool, python3 with kubernetes-validate, the openai client,
-# Chromium, cc, prlimit, nginx and Caddy), installs what is missing from Debian's packages and
-# PyPI when it can, says what it does, then runs `cargo test`. Arguments go to cargo test.
+# mmdb-writer and ja4plus, Chromium, cc, prlimit, nginx and Caddy), installs what is missing
+# from Debian's packages and PyPI when it can, says what it does, then runs `cargo test`.
+# Arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,16 +44,18 @@ if ! python3 -c "import kubernetes_validate" 2>/dev/null; then
   python3 -m pip install --quiet kubernetes-validate 2>/dev/null \
     || python3 -m pip install --quiet --break-system-packages kubernetes-validate
 fi
-# The settled-costs test runs the official openai client, in a virtual environment of its own.
+# Python packages from PyPI, in a virtual environment of the tests' own: the official openai
+# client (settled costs), mmdb-writer (the geoip tests write their MaxMind DB files) and ja4plus
+# (the JA4 tests check tollgate's fingerprints against it).
 venv=target/test-python
-if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
-  echo "test: installing the openai Python client from PyPI into $venv"
-  if ! python3 -m venv "$venv" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import openai, mmdb_writer, ja4plus" 2>/dev/null; then
+  echo "test: installing openai, mmdb-writer and ja4plus from PyPI into $venv"
+  if [[ ! -x "$venv/bin/python" ]] && ! python3 -m venv "$venv" 2>/dev/null; then
     rm -rf "$venv"
     apt_install python3-venv
     python3 -m venv "$venv"
   fi
-  "$venv/bin/python" -m pip install --quiet openai
+  "$venv/bin/python" -m pip install --quiet openai mmdb-writer ja4plus
 fi
 # A Redis test preloads a clock-shifting library it builds with cc; an accept test runs the
 # gateway under prlimit (util-linux).
@@ -74,7 +77,8 @@ if ! command -v caddy >/dev/null; then
   echo "test: installing caddy from Debian (the decision listener's Caddy recipe is run)"
   apt_install caddy
 fi
-# The replay report's test opens the HTML report in a headless browser.
+# The replay report's test opens the HTML report in a headless browser; the JA4 test
+# fingerprints the browser's ClientHello.
 if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
   echo "test: installing chromium from Debian (the replay report is checked in a browser)"
   apt_install chromium

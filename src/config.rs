@@ -47,6 +47,8 @@ pub struct Policy {
     pub jwt: Option<Arc<crate::jwt::JwtVerifier>>,
     /// `[decision]`: the listener other proxies ask for decisions.
     pub decision: Option<DecisionSettings>,
+    /// `[geoip]`: the databases of the `client_asn` and `client_country` keys, opened.
+    pub geoip: Option<Arc<crate::geoip::GeoIp>>,
     /// Suspicious but valid policy (`tollgate check` prints them, `run` logs them).
     pub warnings: Vec<String>,
 }
@@ -193,6 +195,9 @@ pub struct Limit {
     pub rate: Rate,
     pub mode: Mode,
     pub exempt: Vec<IpNet>,
+    /// Autonomous systems and countries the limit never applies to (`[geoip]`).
+    pub exempt_asns: Vec<u32>,
+    pub exempt_countries: Vec<crate::geoip::Country>,
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
     /// Identifies this definition; buckets of a redefined limit start fresh.
@@ -266,6 +271,15 @@ impl Limit {
             .iter()
             .any(|source| matches!(source, KeySource::JwtClaim(_)))
             || matches!(self.tier, Some(TierSource::JwtClaim(_)))
+    }
+
+    /// Whether the key or an exemption reads what `[geoip]` says of the client.
+    pub fn reads_origin(&self) -> bool {
+        self.key
+            .iter()
+            .any(|source| matches!(source, KeySource::ClientAsn | KeySource::ClientCountry))
+            || !self.exempt_asns.is_empty()
+            || !self.exempt_countries.is_empty()
     }
 
     /// What one request costs this limit: with `tier`'s numbers (`None` for an exempt tier),
@@ -345,6 +359,8 @@ pub struct Route {
     pub reads_body: bool,
     /// Some limit of this route reads a token's claim, so a token it carries is verified.
     pub reads_token: bool,
+    /// Some limit of this route reads the client's autonomous system or country.
+    pub reads_origin: bool,
 }
 
 impl AsRef<Route> for Route {

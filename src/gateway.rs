@@ -18,6 +18,7 @@ pub mod accounting;
 mod after_response;
 mod applied;
 mod checks;
+mod client_facts;
 mod decide;
 mod decision;
 mod delay;
@@ -42,6 +43,7 @@ use hyper::upgrade::OnUpgrade;
 use self::access_log::Exchange;
 use self::applied::Applied;
 use self::checks::FieldScan;
+use self::client_facts::{client_facts, ClientFacts};
 use self::decide::Decider;
 use self::read_body::read_body;
 use self::settle::Settlement;
@@ -101,6 +103,10 @@ pub struct Connection {
     /// `X-Forwarded-Proto` for the upstream.
     pub proto: &'static str,
     pub listener: Listener,
+    /// The JA4 fingerprint of the connection's TLS ClientHello, when it was read.
+    pub ja4: Option<Arc<str>>,
+    /// What `[geoip]` said of the connection's first client (see `client_facts.rs`).
+    origin: std::sync::OnceLock<(usize, IpAddr, crate::geoip::Origin)>,
 }
 
 impl Connection {
@@ -113,6 +119,8 @@ impl Connection {
             peer_header: upstream::peer_header(peer),
             proto,
             listener,
+            ja4: None,
+            origin: std::sync::OnceLock::new(),
         }
     }
 }
@@ -292,6 +300,11 @@ impl Gateway {
         };
         exchange.client = Some(client);
         let (parts, body) = request.into_parts();
+        let client = client_facts(routed, client, &parts.headers);
+        if access_log::enabled() {
+            exchange.origin = client.origin;
+            exchange.ja4 = client.ja4.map(Arc::from);
+        }
         let max_body = routed.runtime.policy.server.max_buffered_body;
         // A sub-request carries no body of the original request: none is read.
         let body = match asked {
@@ -302,7 +315,7 @@ impl Gateway {
         let mut slot_requests = SlotRequests::new();
         self.bucket_requests(
             routed,
-            client,
+            &client,
             &parts,
             &body,
             &mut buckets,
@@ -397,7 +410,7 @@ impl Gateway {
     fn bucket_requests<'r>(
         &self,
         routed: &Routed<'r>,
-        client: IpAddr,
+        client: &ClientFacts<'_>,
         parts: &Parts,
         body: &OutgoingBody,
         buckets: &mut Buckets<'r>,
@@ -415,8 +428,9 @@ impl Gateway {
             Some(jwt) if route.route.reads_token => self.verified_claims(jwt, &parts.headers)?,
             _ => None,
         };
-        let facts = RequestFacts::new(client, &parts.headers, parts.uri.query(), body)
-            .with_claims(claims.as_deref());
+        let facts = RequestFacts::new(client.address, &parts.headers, parts.uri.query(), body)
+            .with_claims(claims.as_deref())
+            .with_client(client.origin, client.ja4);
         let load_factor = self.shared.load.factor();
         // Read once, and only for a route with a calendar quota.
         let mut calendar_time = None;

@@ -15,6 +15,7 @@ mod json;
 
 use crate::config::costs::{Field, ReadCost};
 use crate::config::{KeySource, Limit, Missing, Normalize, Tier, TierSource};
+use crate::geoip::{self, Country, Origin};
 use crate::limit::{KeyPart, KeyParts};
 use crate::settle::{self, Reading};
 use json::{JsonBody, UnambiguousJson, AMBIGUOUS_KEY};
@@ -71,6 +72,10 @@ pub struct RequestFacts<'a> {
     pub body: Option<&'a [u8]>,
     /// The claims of the request's verified token, for routes whose limits read them.
     pub claims: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    /// What `[geoip]` says of the client, for limits keyed by or exempting it.
+    pub origin: Origin,
+    /// The JA4 fingerprint of the connection's TLS ClientHello (or the asking proxy's).
+    pub ja4: Option<&'a str>,
     json: OnceCell<JsonBody>,
     form: OnceCell<Vec<(String, String)>>,
 }
@@ -88,6 +93,8 @@ impl<'a> RequestFacts<'a> {
             query,
             body,
             claims: None,
+            origin: Origin::default(),
+            ja4: None,
             json: OnceCell::new(),
             form: OnceCell::new(),
         }
@@ -99,6 +106,15 @@ impl<'a> RequestFacts<'a> {
         claims: Option<&'a serde_json::Map<String, serde_json::Value>>,
     ) -> RequestFacts<'a> {
         RequestFacts { claims, ..self }
+    }
+
+    /// The same facts, with the client's origin and the connection's TLS fingerprint.
+    pub fn with_client(self, origin: Origin, ja4: Option<&'a str>) -> RequestFacts<'a> {
+        RequestFacts {
+            origin,
+            ja4,
+            ..self
+        }
     }
 
     fn json(&self) -> &JsonBody {
@@ -144,11 +160,7 @@ pub fn extract(
     facts: &RequestFacts<'_>,
     hasher: &KeyHasher,
 ) -> Result<Option<KeyParts>, KeyError> {
-    if limit
-        .exempt
-        .iter()
-        .any(|network| network.contains(&facts.client))
-    {
+    if exempts(limit, facts.client, facts.origin) {
         return Ok(None);
     }
     let mut parts = KeyParts::new();
@@ -160,6 +172,8 @@ pub fn extract(
                 limit.ipv4_prefix,
                 limit.ipv6_prefix,
             ))),
+            KeySource::ClientAsn => facts.origin.asn.map(KeyPart::Asn),
+            KeySource::ClientCountry => facts.origin.country.map(KeyPart::Country),
             _ => value_of(source, facts)?.map(|value| {
                 KeyPart::Digest(hasher.digest(normalize(&value, limit.normalize).as_bytes()))
             }),
@@ -184,6 +198,18 @@ pub fn extract(
         }
     }
     Ok(Some(parts))
+}
+
+/// Whether the client is one `limit` never applies to: its network, autonomous system or
+/// country exempt.
+pub fn exempts(limit: &Limit, client: IpAddr, origin: Origin) -> bool {
+    limit.exempt.iter().any(|network| network.contains(&client))
+        || origin
+            .asn
+            .is_some_and(|asn| limit.exempt_asns.contains(&asn))
+        || origin
+            .country
+            .is_some_and(|country| limit.exempt_countries.contains(&country))
 }
 
 /// The key `limit` gives the values an operator names (the admin API): one value per part of
@@ -223,6 +249,14 @@ pub fn parts_of_values(
                     limit.ipv6_prefix,
                 ))
             }
+            KeySource::ClientAsn => KeyPart::Asn(geoip::parse_asn(value).ok_or_else(|| {
+                format!("{value:?} is not an autonomous system number such as AS64500")
+            })?),
+            KeySource::ClientCountry => {
+                KeyPart::Country(Country::parse(value).ok_or_else(|| {
+                    format!("{value:?} is not a two-letter country code such as DE")
+                })?)
+            }
             _ if value.is_empty() => return Err("an empty key value".to_owned()),
             _ => KeyPart::Digest(hasher.digest(normalize(value, limit.normalize).as_bytes())),
         });
@@ -260,6 +294,9 @@ fn describe(source: &KeySource) -> String {
         KeySource::JsonField(path) => format!("JSON body field {path:?}"),
         KeySource::FormField(name) => format!("form field {name:?}"),
         KeySource::JwtClaim(path) => format!("JWT claim {path:?}"),
+        KeySource::ClientAsn => "client autonomous system ([geoip] asn_db)".to_owned(),
+        KeySource::ClientCountry => "client country ([geoip] country_db)".to_owned(),
+        KeySource::TlsJa4 => "TLS fingerprint (JA4)".to_owned(),
     }
 }
 
@@ -270,7 +307,11 @@ fn value_of<'f>(
     facts: &'f RequestFacts<'_>,
 ) -> Result<Option<Cow<'f, str>>, KeyError> {
     let value = match source {
-        KeySource::ClientNetwork | KeySource::Global => None,
+        KeySource::ClientNetwork
+        | KeySource::Global
+        | KeySource::ClientAsn
+        | KeySource::ClientCountry => None,
+        KeySource::TlsJa4 => facts.ja4.map(Cow::Borrowed),
         KeySource::Header(name) => {
             // Repeated header fields are one list: their values joined with commas.
             let mut values = facts

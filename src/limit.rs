@@ -33,13 +33,18 @@ pub type KeyParts = smallvec::SmallVec<[KeyPart; 2]>;
 pub enum KeyPart {
     /// The client's network (`client_network`), kept in clear: it is what operators look for.
     Network(IpNet),
-    /// A keyed hash of a value taken from the request (header, query, cookie, body field).
+    /// A keyed hash of a value taken from the request (header, query, cookie, body field,
+    /// TLS fingerprint).
     Digest([u8; 16]),
+    /// The client's autonomous system (`client_asn`), in clear like its network.
+    Asn(u32),
+    /// The client's country (`client_country`).
+    Country(crate::geoip::Country),
 }
 
 impl KeyPart {
     /// Appends the part as store keys spell it: `v4:203.0.113.0/24`, `v6:2001:db8::/64`,
-    /// `h:` and 32 hex digits. Written without the formatting machinery: the Redis store
+    /// `as:64500`, `cc:DE`, `h:` and 32 hex digits. Written without the formatting machinery: the Redis store
     /// spells every bucket key of every request.
     pub fn push_to(&self, out: &mut String) {
         use fmt::Write as _;
@@ -66,6 +71,14 @@ impl KeyPart {
                 let mut hex = [0u8; 32];
                 crate::hex::write_hex(digest, &mut hex);
                 out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
+            }
+            KeyPart::Asn(asn) => {
+                out.push_str("as:");
+                out.push_str(itoa::Buffer::new().format(*asn));
+            }
+            KeyPart::Country(country) => {
+                out.push_str("cc:");
+                out.push_str(country.as_str());
             }
         }
     }

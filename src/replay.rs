@@ -22,6 +22,7 @@ use std::net::IpAddr;
 use http::Method;
 
 use crate::config::{KeySource, Limit, Policy};
+use crate::geoip::Origin;
 use crate::key::KeyHasher;
 use crate::limit::{bucket, BucketState, Charge, KeyPart, Timestamp, Verdicts};
 use crate::{client_ip, key, path, route};
@@ -181,6 +182,11 @@ impl<'p> Replay<'p> {
             let limit = &*entry.limit;
             let tally = &mut self.tallies[route_index][position];
             tally.requests += 1;
+            // An exempt client has no bucket, whatever its key.
+            let exempt = client.is_some_and(|client| key::exempts(limit, client, line.origin));
+            if exempt {
+                continue;
+            }
             let found = key_of(limit, &mut logged_keys, client, network_key)
                 .map(std::borrow::Cow::Borrowed)
                 .or_else(|| {
@@ -191,11 +197,6 @@ impl<'p> Replay<'p> {
                 tally.not_replayable += 1;
                 continue;
             };
-            let exempt = client
-                .is_some_and(|client| limit.exempt.iter().any(|network| network.contains(&client)));
-            if exempt {
-                continue;
-            }
             // A settled cost is replayed as it happened: its reservation decides, then the
             // difference to what the response settled is charged.
             let logged = entry
@@ -282,7 +283,7 @@ fn key_from_logged_values(
     client: Option<IpAddr>,
     hasher: &KeyHasher,
 ) -> Option<String> {
-    if line.logged.is_empty() {
+    if line.logged.is_empty() && line.origin == Origin::default() && line.ja4.is_none() {
         return None;
     }
     let mut headers = http::HeaderMap::new();
@@ -335,7 +336,8 @@ fn key_from_logged_values(
         &headers,
         (!query.is_empty()).then_some(&query),
         None,
-    );
+    )
+    .with_client(line.origin, line.ja4.as_deref());
     let parts = key::extract(limit, &facts, hasher).ok()??;
     let bucket = crate::limit::BucketKey {
         limit: &limit.name,

@@ -27,7 +27,9 @@ use crate::errors::StartError;
 use crate::gateway::{Connection, Gateway, Listener, RequestBody};
 use crate::limit::clock;
 use crate::respond::SetFields;
+use client_hello::HelloRecorder;
 
+mod client_hello;
 mod http1;
 
 /// hyper's smallest read buffer.
@@ -90,10 +92,11 @@ pub(crate) async fn serve(
             let Some(acceptor) = gateway.shared.tls.load_full() else {
                 return;
             };
-            let handshake = acceptor.accept(stream);
+            let handshake = acceptor.accept(HelloRecorder::new(stream));
             match tokio::time::timeout(guards.header_read_timeout, handshake).await {
-                Ok(Ok(stream)) => {
-                    let connection = Connection::new(peer, "https", listener_kind);
+                Ok(Ok(mut stream)) => {
+                    let mut connection = Connection::new(peer, "https", listener_kind);
+                    connection.ja4 = stream.get_mut().0.fingerprint().map(Arc::from);
                     let guards = ConnectionGuards {
                         own_http1: guards.own_http1
                             && stream.get_ref().1.alpn_protocol() != Some(b"h2"),

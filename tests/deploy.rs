@@ -182,6 +182,7 @@ async fn metric_names_in_rules_and_dashboard_exist_in_a_live_scrape() {
         "README.md",
         "deploy/README.md",
         "docs/architecture.md",
+        "docs/bots.md",
         "docs/configuration.md",
         "docs/decision.md",
         "docs/metrics.md",

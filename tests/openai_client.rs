@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::llm::start_llm_upstream;
@@ -14,7 +13,7 @@ use tollgate::limit::Clock;
 
 /// The README's policy for an LLM API: the TOML block of "Costs settled after the response".
 fn readme_policy() -> String {
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let readme = std::fs::read_to_string(crate_root().join("README.md")).expect("README.md");
     let section = readme
         .split("\n## Costs settled after the response\n")
         .nth(1)
@@ -27,17 +26,6 @@ fn readme_policy() -> String {
     block.to_owned()
 }
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The Python with `openai`: `TOLLGATE_TEST_PYTHON`, or the test script's virtual environment.
-fn python() -> PathBuf {
-    std::env::var_os("TOLLGATE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/test-python/bin/python"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_client_is_charged_its_usage_and_told_to_wait() {
     let upstream = start_llm_upstream().await;
@@ -45,8 +33,8 @@ async fn the_openai_client_is_charged_its_usage_and_told_to_wait() {
     assert!(policy.contains("{upstream}"), "{policy}");
     let gateway = start_gateway_with_clock(&policy, upstream.address, Some(Clock::manual())).await;
     let base_url = format!("http://{}/v1", gateway.addresses[0]);
-    let script = root().join("tests/fixtures/openai_client.py");
-    let python = python();
+    let script = crate_root().join("tests/fixtures/openai_client.py");
+    let python = test_python();
     let output = tokio::task::spawn_blocking(move || {
         Command::new(&python)
             .arg(script)

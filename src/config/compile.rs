@@ -4,6 +4,7 @@
 mod auth;
 mod costs;
 mod decision;
+mod geoip;
 mod limits;
 mod routes;
 mod server;
@@ -255,6 +256,10 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         .auth
         .jwt
         .and_then(|jwt| auth::compile_jwt(jwt, base, errors));
+    let (geoip, geoip_warnings) = raw
+        .geoip
+        .map(|geoip| geoip::compile_geoip(geoip, base, errors))
+        .unwrap_or_default();
     let limits: Vec<Arc<Limit>> = raw
         .limits
         .into_iter()
@@ -263,6 +268,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         })
         .map(Arc::new)
         .collect();
+    geoip::check_databases(&limits, geoip.as_deref(), errors);
     let mut routes = Vec::with_capacity(raw.routes.len());
     let mut route_names = HashSet::new();
     for (index, route) in raw.routes.into_iter().enumerate() {
@@ -318,6 +324,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         overload,
         jwt,
         decision,
+        geoip,
         warnings: Vec::new(),
     };
     if policy.routes.is_empty() {
@@ -328,6 +335,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         );
     }
     policy.warnings = warnings(&policy);
+    policy.warnings.extend(geoip_warnings);
     policy
 }
 
@@ -367,6 +375,10 @@ fn warnings(policy: &Policy) -> Vec<String> {
         }
         if limit.lease.is_some() && policy.store.redis.is_none() {
             warnings.push(format!("limit {:?} has a lease, which only the Redis store uses: on the memory store every request is decided as usual", limit.name));
+        }
+        let fingerprinted = policy.server.tls.is_some() || policy.decision.is_some();
+        if !fingerprinted && limit.key.contains(&super::KeySource::TlsJa4) {
+            warnings.push(format!("limit {:?} is keyed by tls_ja4, but no listener serves TLS (and no [decision] listener is asked with X-Tollgate-JA4): the key is always missing", limit.name));
         }
         if let Some(super::TierSource::Header(name)) = &limit.tier {
             warnings.push(format!("limit {:?} takes its tier from the {name} header: a client that can set it picks its own tier, so only a proxy in front must set it (and remove what clients send)", limit.name));

@@ -41,6 +41,23 @@ pub struct RawConfig {
     #[serde(default)]
     pub auth: RawAuth,
     pub decision: Option<Spanned<RawDecision>>,
+    pub geoip: Option<Spanned<RawGeoIp>>,
+}
+
+/// `[geoip]`: MaxMind DB files for the `client_asn` and `client_country` keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGeoIp {
+    pub asn_db: Option<Spanned<String>>,
+    pub country_db: Option<Spanned<String>>,
+}
+
+/// An entry of `exempt_asns`: `15169` or `"AS15169"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawAsn {
+    Number(i64),
+    Text(String),
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -215,6 +232,9 @@ pub struct RawLimit {
     pub timezone: Option<Spanned<String>>,
     pub mode: Option<Mode>,
     pub exempt: Option<Spanned<Vec<String>>>,
+    /// Autonomous systems and countries (`[geoip]`) this limit never applies to.
+    pub exempt_asns: Option<Spanned<Vec<RawAsn>>>,
+    pub exempt_countries: Option<Spanned<Vec<String>>>,
     pub ipv4_prefix: Option<Spanned<i64>>,
     pub ipv6_prefix: Option<Spanned<i64>>,
     pub adaptive: Option<Spanned<RawAdaptive>>,
@@ -403,9 +423,15 @@ pub enum KeySource {
     FormField(String),
     /// A dotted path into a verified token's claims (`[auth.jwt]`).
     JwtClaim(String),
+    /// The client's autonomous system (`[geoip] asn_db`).
+    ClientAsn,
+    /// The client's country (`[geoip] country_db`).
+    ClientCountry,
+    /// The JA4 fingerprint of the connection's TLS ClientHello.
+    TlsJa4,
 }
 
-const KEY_EXPECTED: &str = "\"client_network\", \"global\", { header = \"..\" }, { query = \"..\" }, { cookie = \"..\" }, { json_field = \"..\" }, { form_field = \"..\" }, { jwt_claim = \"..\" }, or a list of these";
+const KEY_EXPECTED: &str = "\"client_network\", \"global\", \"client_asn\", \"client_country\", \"tls_ja4\", { header = \"..\" }, { query = \"..\" }, { cookie = \"..\" }, { json_field = \"..\" }, { form_field = \"..\" }, { jwt_claim = \"..\" }, or a list of these";
 
 impl<'de> Deserialize<'de> for KeySource {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -426,6 +452,9 @@ impl<'de> Visitor<'de> for KeySourceVisitor {
         match name {
             "client_network" => Ok(KeySource::ClientNetwork),
             "global" => Ok(KeySource::Global),
+            "client_asn" => Ok(KeySource::ClientAsn),
+            "client_country" => Ok(KeySource::ClientCountry),
+            "tls_ja4" => Ok(KeySource::TlsJa4),
             other => Err(E::custom(format!(
                 "unknown key {other:?}: expected {KEY_EXPECTED}"
             ))),

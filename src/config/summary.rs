@@ -225,6 +225,15 @@ fn limit_notes(limit: &Limit) -> Vec<String> {
     if !limit.exempt.is_empty() {
         notes.push(format!("{} exempt network(s)", limit.exempt.len()));
     }
+    if !limit.exempt_asns.is_empty() {
+        notes.push(format!("{} exempt ASN(s)", limit.exempt_asns.len()));
+    }
+    if !limit.exempt_countries.is_empty() {
+        notes.push(format!(
+            "{} exempt countr(ies)",
+            limit.exempt_countries.len()
+        ));
+    }
     if let Some(adaptive) = &limit.adaptive {
         let statuses: Vec<String> = adaptive.on_status.iter().map(u16::to_string).collect();
         let params = adaptive.params;
@@ -318,5 +327,8 @@ fn describe_source(source: &KeySource) -> String {
         KeySource::JsonField(name) => format!("json {name}"),
         KeySource::FormField(name) => format!("form {name}"),
         KeySource::JwtClaim(path) => format!("jwt claim {path}"),
+        KeySource::ClientAsn => "client_asn".to_owned(),
+        KeySource::ClientCountry => "client_country".to_owned(),
+        KeySource::TlsJa4 => "tls_ja4".to_owned(),
     }
 }

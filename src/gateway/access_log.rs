@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use http::{Method, StatusCode};
 
 use super::Listener;
+use crate::geoip::Origin;
 use crate::limit::clock;
 use crate::metrics::{DecisionProtocol, IntCounter, Outcome};
 use crate::reject::Cause;
@@ -25,6 +26,9 @@ pub(super) struct Exchange<'r> {
     pub(super) method: Method,
     pub(super) path: String,
     pub(super) client: Option<IpAddr>,
+    /// What `[geoip]` says of the client, and the connection's TLS fingerprint.
+    pub(super) origin: Origin,
+    pub(super) ja4: Option<Arc<str>>,
     /// Only the access log reads it, like `started` and `limit`.
     pub(super) route: Option<Arc<str>>,
     pub(super) outcome: Option<Outcome>,
@@ -59,6 +63,8 @@ impl<'r> Exchange<'r> {
             method,
             path: String::new(),
             client: None,
+            origin: Origin::default(),
+            ja4: None,
             route: None,
             outcome: None,
             cause: None,
@@ -94,6 +100,8 @@ impl<'r> Exchange<'r> {
             method: self.method.clone(),
             path: std::mem::take(&mut self.path),
             client: self.client,
+            origin: self.origin,
+            ja4: self.ja4.take(),
             route: self.route.take(),
             outcome: self.outcome,
             cause: self.cause,
@@ -160,6 +168,12 @@ fn write(exchange: &Exchange<'_>, status: StatusCode) {
     let keys = exchange.keys.as_deref().unwrap_or("");
     let milliseconds = |elapsed: Duration| (elapsed.as_secs_f64() * 1e6).round() / 1e3;
     let upstream_ms = exchange.upstream.map_or(-1.0, milliseconds);
+    let asn = exchange
+        .origin
+        .asn
+        .map(|asn| format!("AS{asn}"))
+        .unwrap_or_default();
+    let country = exchange.origin.country;
     tracing::info!(
         target: "tollgate::access",
         client = %client,
@@ -178,5 +192,8 @@ fn write(exchange: &Exchange<'_>, status: StatusCode) {
         protocol = exchange.protocol.as_str(),
         reserved = exchange.reserved.as_deref().unwrap_or(""),
         settled = exchange.settled.as_deref().unwrap_or(""),
+        asn,
+        country = country.as_ref().map_or("", |country| country.as_str()),
+        ja4 = exchange.ja4.as_deref().unwrap_or(""),
     );
 }

@@ -235,3 +235,56 @@ fn the_digest_depends_on_the_secret() {
     let two = KeyHasher::from_secret(b"two secret value").digest(b"alice");
     assert_ne!(one, two);
 }
+
+#[test]
+fn network_owner_country_and_fingerprint_keys() {
+    let p = policy("[limits.c]\nkey = \"client_network\"\ncapacity = 1\nrate = \"1/s\"");
+    let mut limit = p.limit("c").unwrap().clone();
+    limit.key = vec![
+        KeySource::ClientAsn,
+        KeySource::ClientCountry,
+        KeySource::TlsJa4,
+    ];
+    limit.missing = Missing::Reject;
+    limit.exempt_asns = vec![15169];
+    limit.exempt_countries = vec![Country::parse("us").unwrap()];
+    let hasher = KeyHasher::from_secret(b"test secret value");
+    let headers = HeaderMap::new();
+    let extract_with = |asn, country: &str, ja4| {
+        let origin = Origin {
+            asn,
+            country: Country::parse(country),
+        };
+        let facts = RequestFacts::new("192.0.2.1".parse().unwrap(), &headers, None, None)
+            .with_client(origin, ja4);
+        extract(&limit, &facts, &hasher)
+    };
+    let ja4 = "t13d1516h2_8daaf6152771_02713d6af862";
+    let key = extract_with(Some(64500), "de", Some(ja4)).unwrap().unwrap();
+    let mut spelled = String::new();
+    for part in &key[..2] {
+        part.push_to(&mut spelled);
+        spelled.push('|');
+    }
+    assert_eq!(spelled, "as:64500|cc:DE|");
+    // The admin API names the same bucket by the values an operator reads in the log.
+    assert_eq!(
+        parts_of_values(&limit, &["AS64500", "de", ja4], &hasher),
+        Ok(key.clone())
+    );
+    assert!(parts_of_values(&limit, &["cloud", "de", ja4], &hasher).is_err());
+    assert!(parts_of_values(&limit, &["AS64500", "deu", ja4], &hasher).is_err());
+    // Exempt networks and countries; unknown origin or no fingerprint is a missing key.
+    assert_eq!(extract_with(Some(15169), "de", Some(ja4)), Ok(None));
+    assert_eq!(extract_with(Some(64500), "US", Some(ja4)), Ok(None));
+    for (asn, country, ja4) in [
+        (None, "de", Some(ja4)),
+        (Some(1), "", Some(ja4)),
+        (Some(1), "de", None),
+    ] {
+        assert!(matches!(
+            extract_with(asn, country, ja4),
+            Err(KeyError::Missing { .. })
+        ));
+    }
+}

@@ -30,6 +30,10 @@ pub struct LogLine<'a> {
     /// What each settled limit reserved and settled (`limit=tokens,…`), as tollgate's JSON
     /// log carries them for routes whose costs settle after the response.
     pub costs: Option<LoggedCosts<'a>>,
+    /// The client's autonomous system and country, as tollgate's log carries them.
+    pub origin: crate::geoip::Origin,
+    /// The connection's JA4 fingerprint, as tollgate's log carries it.
+    pub ja4: Option<Cow<'a, str>>,
 }
 
 /// A settled request's costs as the gateway logged them.

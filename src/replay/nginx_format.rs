@@ -245,6 +245,8 @@ impl<'a> Fields<'a> {
             decided: path.is_some() && !method.is_empty() && status != Some(400),
             logged,
             costs: None,
+            origin: Default::default(),
+            ja4: None,
         })
     }
 }

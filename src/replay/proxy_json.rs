@@ -80,6 +80,8 @@ pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
         decided: status != 400,
         logged,
         costs: None,
+        origin: Default::default(),
+        ja4: None,
     }))
 }
 
@@ -145,6 +147,8 @@ pub(super) fn traefik<'a>(
         decided: status != 400,
         logged,
         costs: None,
+        origin: Default::default(),
+        ja4: None,
     }))
 }
 

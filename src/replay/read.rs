@@ -12,6 +12,7 @@ pub use super::log_line::{LogLine, LoggedField, LoggedKeys};
 use super::nginx_format::NginxFormat;
 use super::time::{CombinedTime, JsonTime};
 use super::{flat_json, proxy_json};
+use crate::geoip::{self, Country, Origin};
 
 /// The log format a file is read as.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,6 +149,11 @@ impl LineParser {
                 )
             ),
             logged: Vec::new(),
+            origin: Origin {
+                asn: json.asn.as_deref().and_then(geoip::parse_asn),
+                country: json.country.as_deref().and_then(Country::parse),
+            },
+            ja4: json.ja4.filter(|ja4| !ja4.is_empty()),
             costs: match (json.reserved, json.settled) {
                 (Some(reserved), Some(settled)) if !settled.is_empty() => {
                     Some(LoggedCosts { reserved, settled })
@@ -211,6 +217,8 @@ impl LineParser {
             decided: path.is_some() && !method.is_empty() && status != 400,
             logged,
             costs: None,
+            origin: Default::default(),
+            ja4: None,
         })
     }
 }
@@ -240,6 +248,12 @@ pub(super) struct AccessFields<'a> {
     reserved: Option<Cow<'a, str>>,
     #[serde(borrow, default, deserialize_with = "text")]
     settled: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    asn: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    country: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text")]
+    ja4: Option<Cow<'a, str>>,
 }
 
 impl<'a> AccessFields<'a> {
@@ -260,6 +274,9 @@ impl<'a> AccessFields<'a> {
                 "keys" => &mut fields.keys,
                 "reserved" => &mut fields.reserved,
                 "settled" => &mut fields.settled,
+                "asn" => &mut fields.asn,
+                "country" => &mut fields.country,
+                "ja4" => &mut fields.ja4,
                 _ => return,
             };
             match value {

@@ -24,6 +24,8 @@ fn line(time: f64, user: Option<&str>, client: &str) -> LogLine<'static> {
         decided: true,
         logged: Vec::new(),
         costs: None,
+        origin: Default::default(),
+        ja4: None,
     }
 }
 

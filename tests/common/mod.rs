@@ -579,3 +579,16 @@ impl Drop for Replica {
         let _ = self.process.wait();
     }
 }
+
+/// The crate's own directory, where fixtures and the README are.
+pub fn crate_root() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The Python with the tests' PyPI packages (openai, mmdb-writer, ja4plus):
+/// `TOLLGATE_TEST_PYTHON`, or the virtual environment scripts/test.sh makes.
+pub fn test_python() -> std::path::PathBuf {
+    std::env::var_os("TOLLGATE_TEST_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| crate_root().join("target/test-python/bin/python"))
+}

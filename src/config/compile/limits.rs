@@ -91,6 +91,12 @@ pub(super) fn compile_limit(
     let prefixes = (raw.ipv4_prefix.as_ref(), raw.ipv6_prefix.as_ref());
     let (exempt, ipv4_prefix, ipv6_prefix) =
         compile_networks(raw.exempt.as_ref(), prefixes, &key, client_ip, errors);
+    let (exempt_asns, exempt_countries) = super::geoip::compile_exemptions(
+        raw.exempt_asns.as_ref(),
+        raw.exempt_countries.as_ref(),
+        &key,
+        errors,
+    );
     let normalize = raw.normalize.unwrap_or_default();
     let fingerprint = fingerprint(&[
         &format!("{key_sources:?}"),
@@ -117,6 +123,8 @@ pub(super) fn compile_limit(
         rate,
         mode: raw.mode.unwrap_or_default(),
         exempt,
+        exempt_asns,
+        exempt_countries,
         ipv4_prefix,
         ipv6_prefix,
         fingerprint,

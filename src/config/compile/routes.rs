@@ -45,6 +45,7 @@ pub(super) fn compile_route(
             || matches!(&entry.read_cost, Some(read) if matches!(read.field, Field::Json(_)))
     });
     let reads_token = route_limits.iter().any(|entry| entry.limit.reads_token());
+    let reads_origin = route_limits.iter().any(|entry| entry.limit.reads_origin());
     Some(Route {
         name: Arc::from(name.as_str()),
         host,
@@ -56,6 +57,7 @@ pub(super) fn compile_route(
         on_store_failure: raw.on_store_failure.unwrap_or_default(),
         reads_body,
         reads_token,
+        reads_origin,
     })
 }
 

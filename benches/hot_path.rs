@@ -8,7 +8,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, Method};
 use tollgate::client_ip::{self, Trust};
 use tollgate::config::costs::{Field, Measure};
-use tollgate::config::{HeaderMode, Policy};
+use tollgate::config::{HeaderMode, KeySource, Policy};
+use tollgate::geoip::Origin;
 use tollgate::key::{self, KeyHasher, RequestFacts};
 use tollgate::limit::{BucketKey, BucketRequest, Charge, Clock, KeyPart, MemoryStore};
 use tollgate::reject::LimitReport;
@@ -91,6 +92,28 @@ fn keys(c: &mut Criterion) {
             }
         })
     });
+    // What a bot-facing key costs beside the network's: the origin is looked up once per
+    // connection and the fingerprint read once per connection, so a request only keys them.
+    let network = policy.limit("per_network").unwrap().clone();
+    let mut fingerprint = network.clone();
+    fingerprint.key = vec![KeySource::TlsJa4, KeySource::ClientAsn];
+    let origin = Origin {
+        asn: Some(64500),
+        country: None,
+    };
+    let ja4 = Some("t13d1516h2_8daaf6152771_e5627efa2ab1");
+    for (name, limit) in [
+        ("client_network", &network),
+        ("tls_ja4 + client_asn", &fingerprint),
+    ] {
+        c.bench_function(&format!("key extraction: {name}"), |b| {
+            b.iter(|| {
+                let facts =
+                    RequestFacts::new(client, &headers, None, None).with_client(origin, ja4);
+                black_box(key::extract(limit, &facts, &hasher).unwrap());
+            })
+        });
+    }
 }
 
 /// A request's token: verified (signature and claims) per algorithm, then found in the cache.

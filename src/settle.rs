@@ -117,16 +117,21 @@ impl Meter {
         limit: usize,
     ) -> Meter {
         let measures: PerMeasure<Measuring> = measures.into_iter().cloned().collect();
-        let json_paths = || {
-            measures.iter().map(|measure| match measure {
+        // Per measure, the JSON path it reads (the event scanner keeps their positions).
+        let json_paths: PerMeasure<Option<JsonPath>> = measures
+            .iter()
+            .map(|measure| match measure {
                 Measuring::Json(path) => Some(path.clone()),
                 _ => None,
             })
-        };
-        let scan = if json_paths().all(|path| path.is_none()) {
+            .collect();
+        let scan = if json_paths.iter().all(Option::is_none) {
             BodyScan::None
         } else if is_event_stream(head) {
-            BodyScan::Events(Box::new(EventScanner::new(json_paths().collect(), limit)))
+            BodyScan::Events(Box::new(EventScanner::new(
+                json_paths.into_iter().collect(),
+                limit,
+            )))
         } else {
             BodyScan::json(limit)
         };
@@ -176,6 +181,13 @@ impl Meter {
     /// What the measure at `index` read from the response: a body field only from a body
     /// that ended whole (a response cut short keeps its reservation), the bytes seen so far,
     /// or the `elapsed_ms` given (from forwarding until now).
+    /// Whether a measure is the upstream's time, which only the caller's clock knows.
+    pub fn times_the_upstream(&self) -> bool {
+        self.measures
+            .iter()
+            .any(|measure| matches!(measure, Measuring::UpstreamMs))
+    }
+
     pub fn reading(&self, index: usize, elapsed_ms: f64) -> Reading {
         match &self.measures[index] {
             Measuring::UpstreamMs => Reading::of(elapsed_ms),

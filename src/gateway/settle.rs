@@ -126,28 +126,43 @@ impl Settlement {
     /// Settles what `meter` measured (`ended`: the body ended whole): at once in process
     /// memory, or by a task whose Redis call the returned handle waits for.
     fn start(self, meter: &Meter, ended: bool) -> Option<JoinHandle<()>> {
-        let elapsed_ms = clock::elapsed(self.sent).as_secs_f64() * 1e3;
+        // The clock is read only for a measure that needs it.
+        let elapsed_ms = if meter.times_the_upstream() {
+            clock::elapsed(self.sent).as_secs_f64() * 1e3
+        } else {
+            0.0
+        };
         let readings: PerMeasure<Reading> = (0..self.entries.len())
             .map(|index| meter.reading(index, elapsed_ms))
             .collect();
-        let redis = match (&self.shared.store, self.decider) {
-            (Store::Redis(redis), Decider::Store) => redis.clone(),
-            _ => {
-                let charges = self.charges(readings, ended);
-                let landed = !charges.requests.is_empty() && self.record_here(&charges.requests);
-                self.finish(charges, landed);
-                return None;
+        // The buckets that decided: this process's (settled at once), or Redis's.
+        let here = match (&self.shared.store, self.decider) {
+            (Store::Redis(redis), Decider::Store) => {
+                // Without a runtime (the process is ending) the reservations stand.
+                tokio::runtime::Handle::try_current().ok()?;
+                let redis = redis.clone();
+                let tasks = self.shared.tasks.clone();
+                return Some(tasks.spawn(async move {
+                    let charges = self.charges(readings, ended);
+                    let landed = !charges.requests.is_empty()
+                        && self.landed(redis.record_outcomes(&charges.requests).await);
+                    self.finish(charges, landed);
+                }));
             }
+            (Store::Memory(memory), Decider::Store) => Some(memory),
+            (_, Decider::Local) => Some(&self.shared.local),
+            (_, Decider::Nobody) => None,
         };
-        // Without a runtime (the process is ending) the reservations stand.
-        tokio::runtime::Handle::try_current().ok()?;
-        let tasks = self.shared.tasks.clone();
-        Some(tasks.spawn(async move {
-            let charges = self.charges(readings, ended);
-            let landed = !charges.requests.is_empty()
-                && self.landed(redis.record_outcomes(&charges.requests).await);
-            self.finish(charges, landed);
-        }))
+        let charges = self.charges(readings, ended);
+        let landed = match here {
+            Some(buckets) if !charges.requests.is_empty() => {
+                buckets.record_outcomes(&charges.requests);
+                true
+            }
+            _ => false,
+        };
+        self.finish(charges, landed);
+        None
     }
 
     /// What each settled bucket is charged beyond its reservation (negative: given back).
@@ -204,17 +219,6 @@ impl Settlement {
             charges.limits.push(applied);
         }
         charges
-    }
-
-    /// Records the charges in this process's buckets (the memory store, or the local ones of
-    /// `on_store_failure = "local"`).
-    fn record_here(&self, requests: &[OutcomeRequest<'_>]) -> bool {
-        match (&self.shared.store, self.decider) {
-            (Store::Memory(memory), Decider::Store) => memory.record_outcomes(requests),
-            (_, Decider::Local) => self.shared.local.record_outcomes(requests),
-            _ => return false,
-        };
-        true
     }
 
     /// Whether the store's answer says the charges landed.

@@ -312,9 +312,6 @@ fn write_overload_and_upstreams(out: &mut String, policy: &Policy) {
     for (name, urls) in upstreams {
         let _ = writeln!(out, "  {name:<16} {urls}");
     }
-    for warning in &policy.warnings {
-        let _ = writeln!(out, "\nwarning: {warning}");
-    }
 }
 
 fn describe_source(source: &KeySource) -> String {

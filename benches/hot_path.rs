@@ -64,6 +64,7 @@ fn decision(c: &mut Criterion) {
         charge,
         adaptive: None,
         lease: None,
+        ban: None,
     };
     let requests = [
         bucket(
@@ -249,6 +250,7 @@ fn refusal(c: &mut Criterion) {
             full_in: 240.0,
             wait: 0.0,
             refused: false,
+            banned: false,
         },
         LimitReport {
             name: "per_account",
@@ -259,6 +261,7 @@ fn refusal(c: &mut Criterion) {
             full_in: 552.0,
             wait: 72.0,
             refused: true,
+            banned: false,
         },
         LimitReport {
             name: "login_global",
@@ -269,6 +272,7 @@ fn refusal(c: &mut Criterion) {
             full_in: 1.0,
             wait: 0.0,
             refused: false,
+            banned: false,
         },
     ];
     // The response and its fields written as they go into the head.

@@ -54,6 +54,7 @@ fn main() {
             },
             adaptive: None,
             lease: None,
+            ban: None,
         };
         store.decide(&[request]);
     }

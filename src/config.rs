@@ -221,6 +221,9 @@ pub struct Limit {
     /// Token leases (`lease`): each replica takes up to `rate × lease` tokens per store call
     /// and spends them locally (the Redis store; the memory store decides as usual).
     pub lease: Option<Duration>,
+    /// `[limits.NAME.ban]`: a key refused `after` times within `within` is refused entirely
+    /// for `duration`.
+    pub ban: Option<crate::limit::ban::Ban>,
 }
 
 /// Where a request's tier is read.

@@ -489,6 +489,7 @@ impl Gateway {
                     charge,
                     adaptive: limit.adaptive.as_ref().map(|adaptive| adaptive.params),
                     lease: limit.lease,
+                    ban: limit.ban,
                 },
             );
         }

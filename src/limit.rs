@@ -4,6 +4,7 @@
 //! that a store shared by replicas can make it in one indivisible step.
 
 pub mod adaptive;
+pub mod ban;
 pub mod breaker;
 pub mod bucket;
 pub mod calendar;
@@ -145,6 +146,8 @@ pub struct BucketRequest<'a> {
     pub adaptive: Option<AdaptiveParams>,
     /// The limit's token lease (`lease`): Redis hands this replica tokens in batches.
     pub lease: Option<std::time::Duration>,
+    /// The limit's ban rule (`[limits.NAME.ban]`).
+    pub ban: Option<ban::Ban>,
 }
 
 /// What happens to one bucket after the upstream answered.
@@ -199,6 +202,8 @@ pub struct KeyState {
     pub capacity: f64,
     /// An adaptive penalty in force: its multiplier and when it ends (Unix seconds).
     pub penalty: Option<(f64, f64)>,
+    /// A ban in force: when it ends (Unix seconds).
+    pub banned_until: Option<f64>,
 }
 
 /// Why a store call decided nothing. The gateway branches on the circuit (no call was made,

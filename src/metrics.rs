@@ -53,6 +53,7 @@ pub struct Metrics {
     admin_over_limit: SharedIntCounter,
     client_ip_warnings: IntCounterVec,
     penalties: IntCounterVec,
+    bans: IntCounterVec,
     concurrency_in_use: prometheus::IntGaugeVec,
     delayed: IntCounterVec,
     /// `tollgate_delay_seconds`: how long delayed requests were held.
@@ -198,6 +199,11 @@ impl Metrics {
             "Adaptive penalties: keys tripped by repeated upstream errors, per limit.",
             &["limit"],
         );
+        let bans = counter(
+            "tollgate_bans_total",
+            "Bans begun: keys refused too often by a limit with a ban, per limit.",
+            &["limit"],
+        );
         let concurrency_in_use = registered(
             &registry,
             prometheus::IntGaugeVec::new(
@@ -268,6 +274,7 @@ impl Metrics {
             admin_over_limit,
             client_ip_warnings,
             penalties,
+            bans,
             concurrency_in_use,
             delayed,
             delay_seconds,
@@ -405,7 +412,10 @@ impl Metrics {
     pub fn for_rls(&self) -> RlsMetrics {
         RlsMetrics {
             outcomes: Outcome::ALL.map(|outcome| match outcome {
-                Outcome::NoRoute | Outcome::ShadowLimited => IntCounter::unexported(),
+                // Envoy's descriptors are decided as refused or not: a ban is a refusal there.
+                Outcome::NoRoute | Outcome::ShadowLimited | Outcome::Banned => {
+                    IntCounter::unexported()
+                }
                 _ => self.requests.int_counter(&[RLS_ROUTE, outcome.as_str()]),
             }),
             degraded: [
@@ -441,6 +451,10 @@ impl Metrics {
                 .adaptive
                 .is_some()
                 .then(|| self.penalties.with_label_values(&[name])),
+            bans: limit
+                .ban
+                .is_some()
+                .then(|| self.bans.with_label_values(&[name])),
             limited: self.limited.int_counter(&[route, name]),
             tokens_consumed: self.tokens_consumed.counter(&[route, name]),
             fill_ratio: self.fill_ratio.histogram(&[name]),
@@ -465,7 +479,7 @@ pub struct StoreCallMetrics {
 #[derive(Debug, Clone)]
 pub struct RouteMetrics {
     /// By [`Outcome`] discriminant.
-    outcomes: [IntCounter; 7],
+    outcomes: [IntCounter; 8],
     /// By [`StatusClass`] discriminant.
     statuses: [IntCounter; 6],
     pub upstream_duration: Histogram,
@@ -486,6 +500,8 @@ impl RouteMetrics {
 pub struct LimitMetrics {
     /// For adaptive limits only.
     pub penalties: Option<SharedIntCounter>,
+    /// `tollgate_bans_total{limit}`, for a limit with a ban.
+    pub bans: Option<SharedIntCounter>,
     /// `tollgate_concurrency_in_use{limit}`, for a concurrency limit.
     pub concurrency_in_use: Option<prometheus::IntGauge>,
     /// `tollgate_delayed_total{route,limit}`, for a limit that delays.

@@ -22,6 +22,8 @@ pub struct LimitReport<'a> {
     /// Seconds until this request's cost would be available; 0 when it was.
     pub wait: f64,
     pub refused: bool,
+    /// Refused by a ban in force on the key (`wait` is what is left of it).
+    pub banned: bool,
 }
 
 /// The reports of a request's enforcing limits, inline for the usual handful.
@@ -60,6 +62,9 @@ pub enum Reject {
     /// An enforcing limit refused (429); the request's reports say which and how long to wait.
     #[error("limited")]
     Limited,
+    /// A ban in force on a key refused it (429, the ban's rest as `Retry-After`).
+    #[error("banned")]
+    Banned,
     /// The store failed on a route with `on_store_failure = "deny"` (503). Caused by the store.
     #[error("store unavailable")]
     StoreUnavailable,
@@ -106,7 +111,7 @@ impl Reject {
             | Reject::InvalidToken
             | Reject::Unauthenticated(_)
             | Reject::NoRoute => Some(Cause::Client),
-            Reject::Limited => None,
+            Reject::Limited | Reject::Banned => None,
             Reject::StoreUnavailable => Some(Cause::Store),
             Reject::Upstream(ForwardError::ClientBody) => Some(Cause::Client),
             Reject::Upstream(_) | Reject::UpgradeFailed => Some(Cause::Upstream),
@@ -126,6 +131,7 @@ impl Reject {
             | Reject::Unauthenticated(_) => Some(Outcome::BadRequest),
             Reject::NoRoute => Some(Outcome::NoRoute),
             Reject::Limited => Some(Outcome::Limited),
+            Reject::Banned => Some(Outcome::Banned),
             Reject::StoreUnavailable => Some(Outcome::StoreUnavailable),
             Reject::Upstream(ForwardError::ClientBody) => Some(Outcome::BadRequest),
             Reject::ShuttingDown | Reject::Upstream(_) | Reject::UpgradeFailed => None,

@@ -114,7 +114,7 @@ pub fn rejection(
             unauthorized("Bearer error=\"invalid_token\"", "invalid_token", None)
         }
         Reject::Unauthenticated(detail) => unauthorized("Bearer", "unauthorized", Some(&detail)),
-        Reject::Limited => too_many_requests(mode, reports, fields),
+        Reject::Limited | Reject::Banned => too_many_requests(mode, reports, fields),
         Reject::StoreUnavailable => store_unavailable(1),
         Reject::Upstream(ForwardError::Timeout(_)) => gateway_timeout(),
         Reject::Upstream(ForwardError::ClientBody) => {
@@ -275,7 +275,15 @@ pub fn too_many_requests(
     fields: &mut SetFields,
 ) -> Response<Body> {
     let retry_after = retry_after_seconds(refused_wait(reports));
+    // A ban in force says so: the client learns that waiting for tokens is not the point.
+    let banned = reports.iter().any(|report| report.refused && report.banned);
     let (content_type, body) = match mode {
+        HeaderMode::Legacy | HeaderMode::None if banned => (
+            "application/json",
+            Bytes::from(format!(
+                r#"{{"error":"too_many_requests","retry_after":{retry_after},"ban":true}}"#
+            )),
+        ),
         HeaderMode::Legacy | HeaderMode::None => {
             ("application/json", legacy_refusal_body(retry_after))
         }
@@ -285,7 +293,7 @@ pub fn too_many_requests(
                 .filter(|r| r.refused)
                 .map(|r| r.name)
                 .collect();
-            let body = serde_json::json!({
+            let mut body = serde_json::json!({
                 "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
                 "title": "Request cannot be satisfied as assigned quota has been exceeded",
                 "status": 429,
@@ -293,6 +301,9 @@ pub fn too_many_requests(
                 "error": "too_many_requests",
                 "retry_after": retry_after,
             });
+            if banned {
+                body["ban"] = serde_json::Value::Bool(true);
+            }
             ("application/problem+json", Bytes::from(body.to_string()))
         }
     };
@@ -455,6 +466,7 @@ mod tests {
             full_in: (capacity - tokens) / rate,
             wait,
             refused,
+            banned: false,
         }
     }
 

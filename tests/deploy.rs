@@ -114,6 +114,11 @@ key = { header = "x-user" }
 capacity = 5
 rate = "1/s"
 
+[limits.per_account.ban]
+after = 10
+within = "1m"
+duration = "10m"
+
 [limits.per_account.adaptive]
 on_status = [401]
 threshold = 3

@@ -66,6 +66,7 @@ fn bucket(
         },
         adaptive: None,
         lease: None,
+        ban: None,
     }
 }
 

@@ -79,6 +79,7 @@ pub(super) async fn answer(
                         "until_unix": until,
                     })),
                     "resets_in": charge.period.map(|period| period.ends_in),
+                    "banned_until_unix": state.banned_until,
                 })
                 .to_string(),
             ),

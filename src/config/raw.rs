@@ -243,6 +243,17 @@ pub struct RawLimit {
     /// Accept a tier from a header, which only a proxy in front may set.
     pub trust_header: Option<bool>,
     pub tiers: Option<Spanned<BTreeMap<String, RawTier>>>,
+    /// `[limits.NAME.ban]`: a key refused often is refused entirely for a while.
+    pub ban: Option<Spanned<RawBan>>,
+}
+
+/// `[limits.NAME.ban]`: `after` refusals within `within` ban the key for `duration`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBan {
+    pub after: Spanned<i64>,
+    pub within: Spanned<HumanDuration>,
+    pub duration: Spanned<HumanDuration>,
 }
 
 /// `tier = { jwt_claim = "plan" }` or `tier = { header = "x-plan" }`.

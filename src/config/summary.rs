@@ -225,6 +225,14 @@ fn limit_notes(limit: &Limit) -> Vec<String> {
     if !limit.exempt.is_empty() {
         notes.push(format!("{} exempt network(s)", limit.exempt.len()));
     }
+    if let Some(ban) = &limit.ban {
+        notes.push(format!(
+            "ban after {} refusals in {} for {}",
+            ban.after,
+            humantime::format_duration(ban.within),
+            humantime::format_duration(ban.duration)
+        ));
+    }
     if !limit.exempt_asns.is_empty() {
         notes.push(format!("{} exempt ASN(s)", limit.exempt_asns.len()));
     }

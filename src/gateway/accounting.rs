@@ -37,6 +37,8 @@ pub struct BucketAccount<L> {
     pub refused: bool,
     /// The bucket booked tokens the request waits for.
     pub delayed: bool,
+    /// This decision began a ban of the bucket's key.
+    pub ban_began: bool,
 }
 
 /// Accounts for `decision` on `buckets`, each with its route limit's handle (the verdicts are
@@ -71,6 +73,7 @@ where
             paid,
             refused: enforce && !verdict.sufficient && !verdict.booked,
             delayed: verdict.booked,
+            ban_began: verdict.ban_began,
         });
         if verdict.booked {
             accounting.delay = accounting.delay.max(verdict.wait);
@@ -86,10 +89,16 @@ where
                 full_in: verdict.full_in,
                 wait: verdict.wait,
                 refused: !admitted && !verdict.sufficient,
+                banned: verdict.banned,
             });
         }
     }
     accounting
+}
+
+/// Whether a ban in force refused the request (rather than a bucket).
+pub fn banned(reports: &[LimitReport<'_>]) -> bool {
+    reports.iter().any(|report| report.refused && report.banned)
 }
 
 /// The names of the limits that refused, comma-separated (for logs).
@@ -141,6 +150,7 @@ mod tests {
             },
             adaptive: None,
             lease: None,
+            ban: None,
         };
         (route_limit, request)
     }

@@ -55,7 +55,11 @@ impl Gateway {
                 exchange.limit = Some(accounting::refusing(reports));
             }
             tracing::debug!(route = %route.route.name, limits = %accounting::refusing(reports), "refused");
-            Reject::Limited
+            if accounting::banned(reports) {
+                Reject::Banned
+            } else {
+                Reject::Limited
+            }
         };
         // On Redis, slots are leases the decision's call takes; otherwise this process's,
         // taken first (a request refused by one is charged no token, and one refused by a
@@ -196,6 +200,9 @@ pub(super) fn record_share(share: BucketAccount<&AppliedLimit>) {
     }
     if share.refused {
         metrics.limited.inc();
+    }
+    if let (true, Some(bans)) = (share.ban_began, &metrics.bans) {
+        bans.inc();
     }
     if share.delayed {
         if let Some(delayed) = &metrics.delayed {

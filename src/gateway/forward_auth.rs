@@ -138,7 +138,7 @@ pub(super) fn rejection(
     let mode = runtime.policy.server.ratelimit_headers;
     match reject {
         Reject::NoRoute => Response::new(Body::empty()),
-        Reject::Limited => {
+        Reject::Limited | Reject::Banned => {
             fields.set(
                 &X_TOLLGATE_LIMIT,
                 FieldValue::Text(accounting::refusing(reports)),

@@ -143,6 +143,7 @@ impl Gateway {
                 charge,
                 adaptive: None,
                 lease: limit.lease,
+                ban: limit.ban,
             });
         }
         if access_log::enabled() {

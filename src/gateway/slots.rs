@@ -33,6 +33,7 @@ fn report<'r>(
         full_in: if free == request.slots { 0.0 } else { 1.0 },
         wait: if refused { 1.0 } else { 0.0 },
         refused,
+        banned: false,
     }
 }
 

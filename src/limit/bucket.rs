@@ -102,6 +102,11 @@ pub struct Verdict {
     /// Too few tokens, but within the limit's debt: the request booked them and waits `wait`
     /// before it goes on (`on_limit = "delay"`).
     pub booked: bool,
+    /// The key is banned (`[limits.NAME.ban]`): refused whatever it holds; `wait` is what is
+    /// left of the ban.
+    pub banned: bool,
+    /// This decision's refusal began a ban of the key.
+    pub ban_began: bool,
 }
 
 impl Verdict {
@@ -116,6 +121,8 @@ impl Verdict {
             rate: charge.rate,
             observed: true,
             booked: false,
+            banned: false,
+            ban_began: false,
         }
     }
 
@@ -131,6 +138,18 @@ impl Verdict {
             rate: charge.rate,
             observed: true,
             booked: true,
+            banned: false,
+            ban_began: false,
+        }
+    }
+
+    /// The verdict for a banned key's bucket, `left` seconds of the ban to go: nothing charged.
+    pub fn banned(charge: &Charge, tokens: f64, left: f64) -> Verdict {
+        Verdict {
+            sufficient: false,
+            wait: left,
+            banned: true,
+            ..Verdict::observed(charge, tokens, false)
         }
     }
 
@@ -154,6 +173,8 @@ impl Verdict {
             rate: 0.0,
             observed: false,
             booked: false,
+            banned: false,
+            ban_began: false,
         }
     }
 }
@@ -228,6 +249,8 @@ pub fn decide(
             rate: charge.rate,
             observed: true,
             booked,
+            banned: false,
+            ban_began: false,
         });
     }
     for ((charge, state), verdict) in charges

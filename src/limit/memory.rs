@@ -15,9 +15,10 @@ use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 use super::adaptive::{AdaptiveParams, AdaptiveState};
+use super::ban::{Ban, BanState};
 use super::bucket::{self, BucketState, Charge};
 use super::clock::{Clock, Timestamp};
-use super::{BucketKey, BucketRequest, Decision, OutcomeRequest, Verdicts};
+use super::{BucketKey, BucketRequest, Decision, OutcomeRequest, Verdict, Verdicts};
 
 /// Buckets per shard before one is considered for its own lock.
 const KEYS_PER_SHARD_TARGET: usize = 4096;
@@ -31,6 +32,8 @@ struct Entry {
     full_at: Timestamp,
     /// Only for keys of adaptive limits that have seen errors.
     adaptive: Option<Box<AdaptiveState>>,
+    /// Only for keys of limits with a ban that have been refused: the rule and the state.
+    ban: Option<Box<(Ban, BanState)>>,
 }
 
 impl Entry {
@@ -56,6 +59,10 @@ impl Entry {
         now: Timestamp,
     ) -> Timestamp {
         let full_at = now.after(full_in);
+        let full_at = match self.ban.as_deref() {
+            Some((rule, ban)) => full_at.max(ban.relevant_until(rule)),
+            None => full_at,
+        };
         match (params, self.adaptive.as_deref()) {
             (Some(params), Some(adaptive)) => full_at.max(adaptive.relevant_until(params)),
             _ => full_at,
@@ -190,22 +197,54 @@ impl MemoryStore {
                 }));
             }
             let mut verdicts = Verdicts::with_capacity(requests.len());
+            // A key banned by an enforcing limit is refused, and nothing is charged (looked
+            // up only for limits with a ban rule).
+            if requests.iter().any(|request| request.ban.is_some()) {
+                let bans: SmallVec<[Option<f64>; 4]> = requests
+                    .iter()
+                    .zip(&ids)
+                    .zip(positions)
+                    .map(|((request, id), position)| {
+                        request.ban?;
+                        let (_, ban) = guards[*position].1.get(id)?.ban.as_deref()?;
+                        request.charge.enforce.then(|| ban.left(now)).flatten()
+                    })
+                    .collect();
+                if bans.iter().any(Option::is_some) {
+                    for ((charge, state), left) in charges.iter().zip(&states).zip(&bans) {
+                        let tokens = bucket::tokens_at(*state, charge, now);
+                        verdicts.push(match left {
+                            Some(left) => Verdict::banned(charge, tokens, *left),
+                            None => Verdict::observed(charge, tokens, tokens >= charge.cost),
+                        });
+                    }
+                    return Decision::Refuse(verdicts);
+                }
+            }
             let admitted = bucket::decide(&charges, &mut states, now, &mut verdicts);
             for (((request, id), position), (state, verdict)) in requests
                 .iter()
                 .zip(&ids)
                 .zip(positions)
-                .zip(states.iter().zip(&verdicts))
+                .zip(states.iter().zip(verdicts.iter_mut()))
             {
                 let Some(state) = state else { continue };
+                let shard = &mut guards[*position].1;
                 self.store_state(
-                    &mut guards[*position].1,
+                    shard,
                     *id,
                     *state,
                     verdict.full_in,
                     request.adaptive.as_ref(),
                     now,
                 );
+                // A refusal by this limit (or, in shadow mode, one it would have made).
+                let refused = !verdict.sufficient
+                    && !verdict.booked
+                    && (!admitted || !request.charge.enforce);
+                if let (Some(ban), true) = (request.ban, refused) {
+                    verdict.ban_began = self.count_refusal(shard, *id, ban, *state, now);
+                }
             }
             Decision::new(admitted, verdicts)
         })
@@ -236,10 +275,14 @@ impl MemoryStore {
                     self.clock.unix() + left,
                 )
             });
+        let banned_until = entry
+            .and_then(|entry| entry.ban.as_deref()?.1.left(now))
+            .map(|left| self.clock.unix() + left);
         super::KeyState {
             tokens: bucket::tokens_at(entry.map(|entry| entry.state), &effective, now),
             capacity: effective.capacity,
             penalty,
+            banned_until,
         }
     }
 
@@ -268,6 +311,7 @@ impl MemoryStore {
                     },
                     full_at: now,
                     adaptive: None,
+                    ban: None,
                 });
                 let mut charge = entry.effective(&request.charge, params, now);
                 let mut state =
@@ -293,6 +337,33 @@ impl MemoryStore {
             }
             tripped
         })
+    }
+
+    /// Counts a refusal toward the key's ban; true when it begins one.
+    fn count_refusal(
+        &self,
+        shard: &mut Shard,
+        id: u64,
+        rule: Ban,
+        state: BucketState,
+        now: Timestamp,
+    ) -> bool {
+        if !shard.contains_key(&id) && shard.len() >= self.keys_per_shard {
+            self.make_room(shard, now);
+        }
+        let entry = shard.entry(id).or_insert(Entry {
+            state,
+            full_at: now,
+            adaptive: None,
+            ban: None,
+        });
+        let (kept_rule, ban) = &mut **entry
+            .ban
+            .get_or_insert_with(|| Box::new((rule, BanState::default())));
+        *kept_rule = rule;
+        let began = ban.refused(&rule, now);
+        entry.full_at = entry.full_at.max(ban.relevant_until(&rule));
+        began
     }
 
     /// Writes a bucket's state after a decision, or drops it when it carries nothing.
@@ -325,6 +396,7 @@ impl MemoryStore {
                 state,
                 full_at: now.after(full_in),
                 adaptive: None,
+                ban: None,
             },
         );
     }
@@ -375,125 +447,4 @@ impl MemoryStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::limit::KeyPart;
-
-    fn request(
-        limit: &'static str,
-        who: u8,
-        capacity: f64,
-        rate: f64,
-        cost: f64,
-    ) -> BucketRequest<'static> {
-        BucketRequest {
-            key: BucketKey {
-                limit,
-                fingerprint: 7,
-                parts: smallvec::smallvec![KeyPart::Digest([who; 16])],
-            },
-            charge: Charge {
-                capacity,
-                rate,
-                cost,
-                enforce: true,
-                period: None,
-                debt: 0.0,
-            },
-            adaptive: None,
-            lease: None,
-        }
-    }
-
-    #[test]
-    fn buckets_are_per_key_and_per_limit() {
-        let store = MemoryStore::new(1000, Clock::manual());
-        let alice = [request("login", 1, 2.0, 1.0, 1.0)];
-        let bob = [request("login", 2, 2.0, 1.0, 1.0)];
-        let alice_elsewhere = [request("export", 1, 2.0, 1.0, 1.0)];
-        assert!(store.decide(&alice).is_admitted());
-        assert!(store.decide(&alice).is_admitted());
-        assert!(!store.decide(&alice).is_admitted());
-        assert!(store.decide(&bob).is_admitted());
-        assert!(store.decide(&alice_elsewhere).is_admitted());
-    }
-
-    #[test]
-    fn a_changed_definition_starts_fresh() {
-        let store = MemoryStore::new(1000, Clock::manual());
-        let old = [request("login", 1, 1.0, 1.0, 1.0)];
-        let mut new = old.clone();
-        new[0].key.fingerprint = 8;
-        assert!(store.decide(&old).is_admitted());
-        assert!(!store.decide(&old).is_admitted());
-        assert!(store.decide(&new).is_admitted());
-    }
-
-    #[test]
-    fn refused_requests_charge_nothing_across_shards() {
-        let store = MemoryStore::new(1_000_000, Clock::manual());
-        let requests: Vec<BucketRequest<'_>> = (0..40)
-            .map(|who| request("l", who, 1.0, 1.0, 1.0))
-            .collect();
-        let mut last = requests.clone();
-        last.push(request("tiny", 0, 1.0, 1.0, 1.0));
-        assert!(store.decide(&last[40..]).is_admitted());
-        assert!(
-            !store.decide(&last).is_admitted(),
-            "the tiny bucket is empty"
-        );
-        assert!(
-            store.decide(&requests).is_admitted(),
-            "nothing was charged by the refusal"
-        );
-    }
-
-    #[test]
-    fn full_buckets_are_swept_and_memory_follows_active_keys() {
-        let clock = Clock::manual();
-        let store = MemoryStore::new(1_000_000, clock.clone());
-        for who in 0..=255u8 {
-            assert!(store
-                .decide(&[request("net", who, 10.0, 1.0, 1.0)])
-                .is_admitted());
-        }
-        assert_eq!(store.len(), 256);
-        clock.advance(Duration::from_millis(999));
-        store.sweep();
-        assert_eq!(store.len(), 256, "not full yet");
-        clock.advance(Duration::from_millis(1));
-        store.sweep();
-        assert_eq!(store.len(), 0);
-    }
-
-    #[test]
-    fn a_refused_new_key_does_not_take_a_slot() {
-        let store = MemoryStore::new(1000, Clock::manual());
-        let mut requests = vec![request("a", 1, 1.0, 1.0, 1.0)];
-        assert!(store.decide(&requests).is_admitted());
-        requests.push(request("b", 2, 5.0, 1.0, 1.0));
-        assert!(!store.decide(&requests).is_admitted());
-        assert_eq!(store.len(), 1, "b's bucket is full and needs no state");
-    }
-
-    #[test]
-    fn bounded_by_max_keys_dropping_the_fullest_first() {
-        let clock = Clock::manual();
-        let store = MemoryStore::new(16, clock.clone());
-        // An old, heavily used key: far from full.
-        let heavy = [request("net", 0, 100.0, 0.001, 100.0)];
-        assert!(store.decide(&heavy).is_admitted());
-        for who in 1..=200u8 {
-            clock.advance(Duration::from_millis(1));
-            store.decide(&[request("net", who, 10.0, 1.0, 1.0)]);
-            assert!(store.len() <= 16);
-        }
-        assert!(store.evicted_before_full() > 0);
-        assert!(
-            !store.decide(&heavy).is_admitted(),
-            "the emptiest bucket survived the pressure"
-        );
-    }
-}
+mod tests;

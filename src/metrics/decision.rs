@@ -26,7 +26,7 @@ impl DecisionProtocol {
 /// `tollgate_decision_requests_total`, resolved.
 #[derive(Debug, Clone)]
 pub struct DecisionMetrics {
-    pub(super) outcomes: [[IntCounter; 7]; 2],
+    pub(super) outcomes: [[IntCounter; 8]; 2],
 }
 
 impl DecisionMetrics {
@@ -38,7 +38,7 @@ impl DecisionMetrics {
 /// The series of gRPC decisions, counted under the route `rls`.
 #[derive(Debug, Clone)]
 pub struct RlsMetrics {
-    pub(super) outcomes: [IntCounter; 7],
+    pub(super) outcomes: [IntCounter; 8],
     pub(super) degraded: [SharedIntCounter; 3],
 }
 

@@ -15,10 +15,12 @@ pub enum Outcome {
     StoreUnavailable = 4,
     DegradedAllowed = 5,
     NoRoute = 6,
+    /// Refused by a ban in force (`[limits.NAME.ban]`).
+    Banned = 7,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Allowed,
         Outcome::Limited,
         Outcome::ShadowLimited,
@@ -26,6 +28,7 @@ impl Outcome {
         Outcome::StoreUnavailable,
         Outcome::DegradedAllowed,
         Outcome::NoRoute,
+        Outcome::Banned,
     ];
 
     /// Whether a request of `route` can end so: series of what cannot occur are not exported.
@@ -44,6 +47,10 @@ impl Outcome {
                 limited && route.on_store_failure != StoreFailurePolicy::Deny
             }
             Outcome::NoRoute => false,
+            Outcome::Banned => route
+                .limits
+                .iter()
+                .any(|entry| entry.limit.ban.is_some() && entry.limit.mode == Mode::Enforce),
         }
     }
 
@@ -56,6 +63,7 @@ impl Outcome {
             Outcome::StoreUnavailable => "store_unavailable",
             Outcome::DegradedAllowed => "degraded_allowed",
             Outcome::NoRoute => "no_route",
+            Outcome::Banned => "banned",
         }
     }
 }

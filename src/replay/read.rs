@@ -143,6 +143,7 @@ impl LineParser {
                 Some(
                     "allowed"
                         | "limited"
+                        | "banned"
                         | "shadow_limited"
                         | "degraded_allowed"
                         | "store_unavailable"

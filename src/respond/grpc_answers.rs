@@ -22,7 +22,7 @@ pub fn grpc_rejection(
     fields: &mut SetFields,
 ) -> Response<Body> {
     let message = reject.to_string();
-    let limited = matches!(reject, Reject::Limited);
+    let limited = matches!(reject, Reject::Limited | Reject::Banned);
     let answer = rejection(reject, mode, reports, fields);
     let code = grpc::Code::for_status(answer.status());
     let mut response = Response::new(Body::empty());

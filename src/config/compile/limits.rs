@@ -8,7 +8,7 @@ use std::sync::Arc;
 use toml::Spanned;
 
 use super::server::{networks, prefix_length};
-use super::shaping::{compile_concurrency, compile_delay, compile_lease};
+use super::shaping::{compile_ban, compile_concurrency, compile_delay, compile_lease};
 use super::tiers::{compile_amount, compile_tier_source, compile_tiers, NEEDS_JWT};
 use super::Errors;
 use crate::config::raw::{self, RawKey};
@@ -55,6 +55,7 @@ pub(super) fn compile_limit(
         ),
         None => compile_amount(&raw, &key, span.clone(), errors)?,
     };
+    let ban = compile_ban(&raw, &key, concurrency.is_some(), errors);
     let lease = compile_lease(&raw, &key, (capacity, rate), max_delay.is_some(), errors);
     let adaptive = raw
         .adaptive
@@ -136,6 +137,7 @@ pub(super) fn compile_limit(
         concurrency,
         max_delay,
         lease,
+        ban,
     })
 }
 

@@ -1,6 +1,6 @@
 //! The settings that shape a limit's traffic rather than count it: `concurrency` (requests in
 //! flight), `on_limit = "delay"` with `max_delay` (held instead of refused), and `lease`
-//! (tokens taken from the store in batches).
+//! (tokens taken from the store in batches); and bans, which refuse a key refused too often.
 
 use toml::Spanned;
 
@@ -144,4 +144,48 @@ pub(super) fn compile_lease(
         );
     }
     Some(duration)
+}
+
+/// `[limits.NAME.ban]`: at least one refusal, windows and bans of some length; never on a
+/// concurrency limit (its refusals are slots in use, not a key misbehaving).
+pub(super) fn compile_ban(
+    raw: &raw::RawLimit,
+    key: &str,
+    concurrency: bool,
+    errors: &mut Errors<'_>,
+) -> Option<crate::limit::ban::Ban> {
+    let ban = raw.ban.as_ref()?;
+    let key = format!("{key}.ban");
+    if concurrency {
+        errors.at(
+            Some(ban.span()),
+            key.clone(),
+            "a ban counts a bucket's refusals: a concurrency limit takes none",
+        );
+    }
+    let ban = ban.get_ref();
+    let after = u32::try_from(*ban.after.get_ref())
+        .ok()
+        .filter(|after| (1..=1_000_000).contains(after));
+    if after.is_none() {
+        errors.at(
+            Some(ban.after.span()),
+            format!("{key}.after"),
+            "after is a number of refusals, from 1 to 1000000",
+        );
+    }
+    for (name, duration) in [("within", &ban.within), ("duration", &ban.duration)] {
+        if duration.get_ref().0.is_zero() {
+            errors.at(
+                Some(duration.span()),
+                format!("{key}.{name}"),
+                format!("{name} must be longer than 0s"),
+            );
+        }
+    }
+    Some(crate::limit::ban::Ban {
+        after: after?,
+        within: ban.within.get_ref().0,
+        duration: ban.duration.get_ref().0,
+    })
 }

@@ -104,6 +104,7 @@ impl RedisStore {
             tokens,
             capacity: charge.capacity,
             penalty: (multiplier < 1.0).then_some((multiplier, hold)),
+            banned_until: None,
         })
     }
 

@@ -39,6 +39,7 @@ async fn the_deny_cache_refuses_a_delaying_bucket_only_once_its_debt_is_booked_u
         },
         adaptive: None,
         lease: None,
+        ban: None,
     };
     let requests = [request];
     let keys = StoreKeys::new(&store.prefix, requests.iter().map(|request| &request.key));

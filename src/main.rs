@@ -463,7 +463,8 @@ fn report_key_answer(
     }
 }
 
-/// A key's state as `/limits` gives it: tokens left, when a quota's period ends, a penalty.
+/// A key's state as `/limits` gives it: tokens left, when a quota's period ends, a penalty, a
+/// ban.
 fn key_state(state: &serde_json::Value) -> String {
     let number = |name: &str| state[name].as_f64().unwrap_or(0.0);
     let mut line = format!(
@@ -482,6 +483,13 @@ fn key_state(state: &serde_json::Value) -> String {
         let until = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(until.max(0.0));
         line.push_str(&format!(
             ", penalised ×{factor} until {}",
+            humantime::format_rfc3339_seconds(until)
+        ));
+    }
+    if let Some(until) = state["banned_until_unix"].as_f64() {
+        let until = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(until.max(0.0));
+        line.push_str(&format!(
+            ", banned until {}",
             humantime::format_rfc3339_seconds(until)
         ));
     }

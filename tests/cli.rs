@@ -415,7 +415,8 @@ async fn inspect_and_reset_unlock_a_key_and_the_reset_is_logged_without_its_valu
             "[admin]\n",
             "[admin]\ntoken_env = \"TOLLGATE_TEST_CLI_ADMIN_TOKEN\"\n",
         )
-        .replace("key = \"client_network\"", "key = { header = \"x-user\" }");
+        .replace("key = \"client_network\"", "key = { header = \"x-user\" }")
+        + "[limits.per_network.ban]\nafter = 1\nwithin = \"1m\"\nduration = \"15m\"\n";
     write(&file, &text);
     let process = run_with_json_logs(&file);
     let listening = process.wait_for(false, |line| line.contains("\"listening\""));
@@ -439,7 +440,10 @@ async fn inspect_and_reset_unlock_a_key_and_the_reset_is_logged_without_its_valu
     ];
     let (code, stdout, _) = run_cli(&[&["inspect"], &key[..]].concat());
     assert_eq!(code, Some(0));
-    assert_eq!(stdout.trim(), "per_network [dora-4242]: 0 of 2 tokens left");
+    // The refusal began a ban (after = 1), which the state names with its end.
+    let (state, banned) = stdout.trim().split_once(", banned until ").unwrap();
+    assert_eq!(state, "per_network [dora-4242]: 0 of 2 tokens left");
+    assert!(banned.ends_with('Z'), "{stdout}");
     let (code, stdout, _) = run_cli(&[&["reset"], &key[..]].concat());
     assert_eq!(code, Some(0));
     assert!(stdout.contains("reset"), "{stdout}");

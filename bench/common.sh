@@ -149,3 +149,32 @@ start_fast_upstream() {
   pids+=($!)
   wait_for_port "$upstream_port"
 }
+
+# start_gateway POLICY PORT: the release gateway with one worker thread on CPU 1, serving
+# POLICY (which listens on PORT), stopped on exit; sets gateway (its PID).
+start_gateway() {
+  RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 \
+    ./target/release/tollgate --worker-threads 1 run --config "$1" >/dev/null 2>&1 &
+  gateway=$!
+  pids+=("$gateway")
+  wait_for_port "$2"
+}
+
+# gateway_row URL [WRK_ARGUMENTS...]: wrk on CPU 0 against URL for $DURATION s over
+# $CONNECTIONS connections; prints "requests/s cpu_us_per_request" of $gateway, or stops the
+# script on an answer other than 2xx.
+gateway_row() {
+  local url=$1 before after output requests
+  shift
+  before=$(cpu_ticks "$gateway")
+  output=$(taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "$@" "$url" 2>&1)
+  after=$(cpu_ticks "$gateway")
+  if grep -q "Non-2xx" <<<"$output"; then
+    echo "bench: answers other than 2xx on $url:" >&2
+    echo "$output" >&2
+    exit 1
+  fi
+  requests=$(awk '/requests in/ {print $1}' <<<"$output")
+  awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" -v d="$DURATION" \
+    'BEGIN {printf "%.0f %.3f\n", n / d, t * 1e6 / hz / n}'
+}

@@ -54,26 +54,11 @@ upstream = "app"
 limits = [{ limit = "org_tokens", cost = 1000 }]
 CONF
 
-RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 \
-  ./target/release/tollgate --worker-threads 1 run --config "$work/policy.toml" >/dev/null 2>&1 &
-gateway=$!
-pids+=("$gateway")
-wait_for_port "$port"
+start_gateway "$work/policy.toml" "$port"
 
-# row PATH: wrk on CPU 0 against PATH; prints "requests/s cpu_us_per_request" of the gateway.
+# row PATH: the gateway's requests/s and CPU per request on PATH.
 row() {
-  local before after output requests
-  before=$(cpu_ticks "$gateway")
-  output=$(taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$port$1" 2>&1)
-  after=$(cpu_ticks "$gateway")
-  if grep -q "Non-2xx" <<<"$output"; then
-    echo "bench: answers other than 2xx on $1:" >&2
-    echo "$output" >&2
-    exit 1
-  fi
-  requests=$(awk '/requests in/ {print $1}' <<<"$output")
-  awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" -v d="$DURATION" \
-    'BEGIN {printf "%.0f %.3f\n", n / d, t * 1e6 / hz / n}'
+  gateway_row "http://127.0.0.1:$port$1"
 }
 
 for path in /json /settled/json /sse /settled/sse; do

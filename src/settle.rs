@@ -118,7 +118,7 @@ impl Meter {
     ) -> Meter {
         let measures: PerMeasure<Measuring> = measures.into_iter().cloned().collect();
         // Per measure, the JSON path it reads (the event scanner keeps their positions).
-        let json_paths: PerMeasure<Option<JsonPath>> = measures
+        let json_paths: Vec<Option<JsonPath>> = measures
             .iter()
             .map(|measure| match measure {
                 Measuring::Json(path) => Some(path.clone()),
@@ -128,10 +128,7 @@ impl Meter {
         let scan = if json_paths.iter().all(Option::is_none) {
             BodyScan::None
         } else if is_event_stream(head) {
-            BodyScan::Events(Box::new(EventScanner::new(
-                json_paths.into_iter().collect(),
-                limit,
-            )))
+            BodyScan::Events(Box::new(EventScanner::new(json_paths, limit)))
         } else {
             BodyScan::json(limit)
         };

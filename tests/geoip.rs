@@ -67,6 +67,14 @@ limits = ["per_asn", "per_country"]
     )
 }
 
+/// The policy as a file of its own holds it: listeners on ephemeral ports, the upstream named.
+fn policy_file(dir: &Path, upstream: std::net::SocketAddr) -> String {
+    format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+        policy(dir).replace("{upstream}", &upstream.to_string())
+    )
+}
+
 async fn from(client: &HttpClient, address: &str) -> u16 {
     client
         .get("/", &[("x-forwarded-for", address)])
@@ -152,10 +160,7 @@ async fn a_broken_database_is_named_and_a_reload_with_it_changes_nothing() {
     let dir = databases();
     let upstream = start_upstream().await;
     let file = dir.path().join("tollgate.toml");
-    let text = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
-        policy(dir.path()).replace("{upstream}", &upstream.address.to_string())
-    );
+    let text = policy_file(dir.path(), upstream.address);
     std::fs::write(&file, &text).unwrap();
     let gateway = Tollgate::start(
         Policy::load(&file).unwrap(),
@@ -227,10 +232,7 @@ async fn the_access_log_carries_the_origin_and_replay_keys_by_it() {
     let dir = databases();
     let upstream = start_upstream().await;
     let file = dir.path().join("tollgate.toml");
-    let text = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
-        policy(dir.path()).replace("{upstream}", &upstream.address.to_string())
-    );
+    let text = policy_file(dir.path(), upstream.address);
     // The running policy has a limit per network only; the replayed one keys by country.
     let running = text.replace(
         "limits = [\"per_asn\", \"per_country\"]",

@@ -9,7 +9,6 @@ mod common;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -162,22 +161,6 @@ async fn real_clients_are_fingerprinted_as_ja4plus_does() {
     assert_eq!(ja4::fingerprint(&again), ja4::fingerprint(&browser));
 }
 
-struct Certificate {
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-fn certificate(dir: &Path) -> Certificate {
-    let generated =
-        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .unwrap();
-    let cert = dir.join("server.pem");
-    let key = dir.join("server.key");
-    std::fs::write(&cert, generated.cert.pem()).unwrap();
-    std::fs::write(&key, generated.signing_key.serialize_pem()).unwrap();
-    Certificate { cert, key }
-}
-
 fn tls_policy(certificate: &Certificate) -> String {
     format!(
         r#"
@@ -218,7 +201,11 @@ fn status_of(command: &mut Command) -> u16 {
 async fn the_same_tls_settings_share_a_bucket_and_others_do_not() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = start_upstream().await;
-    let gateway = start_gateway(&tls_policy(&certificate(dir.path())), upstream.address).await;
+    let gateway = start_gateway(
+        &tls_policy(&certificate(dir.path(), "server")),
+        upstream.address,
+    )
+    .await;
     let port = gateway.addresses[0].port();
     let curl_status = |extra: &[&str]| {
         let mut command = Command::new("curl");
@@ -372,7 +359,11 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
 async fn a_hello_in_many_records_and_segments_is_fingerprinted_and_served() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = start_upstream().await;
-    let gateway = start_gateway(&tls_policy(&certificate(dir.path())), upstream.address).await;
+    let gateway = start_gateway(
+        &tls_policy(&certificate(dir.path(), "server")),
+        upstream.address,
+    )
+    .await;
     let address = gateway.addresses[0];
     // The same stack, its hello whole, in 64-byte records, and in 7-byte segments: one
     // fingerprint (a missing one would be a 400: `missing = "reject"`).
@@ -451,7 +442,7 @@ limits = ["per_fingerprint"]
 async fn the_access_log_names_the_connection_s_fingerprint() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = start_upstream().await;
-    let policy = tls_policy(&certificate(dir.path()))
+    let policy = tls_policy(&certificate(dir.path(), "server"))
         .replace("{upstream}", &upstream.address.to_string())
         + "[admin]\nlisten = \"127.0.0.1:0\"\n";
     let file = dir.path().join("tollgate.toml");

@@ -3,7 +3,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -15,27 +14,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::RootCertStore;
-
-struct Certificate {
-    der: CertificateDer<'static>,
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-fn certificate(dir: &Path, name: &str) -> Certificate {
-    let generated =
-        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .unwrap();
-    let cert = dir.join(format!("{name}.pem"));
-    let key = dir.join(format!("{name}.key"));
-    std::fs::write(&cert, generated.cert.pem()).unwrap();
-    std::fs::write(&key, generated.signing_key.serialize_pem()).unwrap();
-    Certificate {
-        der: generated.cert.der().clone(),
-        cert,
-        key,
-    }
-}
 
 fn client_config(trusted: &CertificateDer<'static>, alpn: &[&[u8]]) -> rustls::ClientConfig {
     let mut roots = RootCertStore::empty();

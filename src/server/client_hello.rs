@@ -48,8 +48,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for HelloRecorder<S> {
         if let Some(recorded) = &mut this.recorded {
             let read = &buf.filled()[before..];
             if recorded.len() + read.len() > MAX_RECORDED {
-                // Past any hello worth reading: keep nothing more.
-                this.recorded = Some(Vec::new());
+                // Past any hello worth reading: keep nothing, and read no fingerprint.
+                this.recorded = None;
             } else {
                 recorded.extend_from_slice(read);
             }

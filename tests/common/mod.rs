@@ -592,3 +592,26 @@ pub fn test_python() -> std::path::PathBuf {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| crate_root().join("target/test-python/bin/python"))
 }
+
+/// A self-signed certificate for `localhost` and 127.0.0.1, written as `NAME.pem` and
+/// `NAME.key` into `dir`.
+pub struct Certificate {
+    pub der: rustls::pki_types::CertificateDer<'static>,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+pub fn certificate(dir: &std::path::Path, name: &str) -> Certificate {
+    let generated =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .unwrap();
+    let cert = dir.join(format!("{name}.pem"));
+    let key = dir.join(format!("{name}.key"));
+    std::fs::write(&cert, generated.cert.pem()).unwrap();
+    std::fs::write(&key, generated.signing_key.serialize_pem()).unwrap();
+    Certificate {
+        der: generated.cert.der().clone(),
+        cert,
+        key,
+    }
+}

@@ -186,6 +186,10 @@ async fn with_redis_a_reset_reaches_every_replica_and_their_deny_caches() {
     let policy = policy_with(&store);
     let first = Arc::new(start_gateway(&policy, upstream.address).await);
     let second = Arc::new(start_gateway(&policy, upstream.address).await);
+    eventually("the second replica hears resets", || {
+        second.redis_store().unwrap().hears_resets()
+    })
+    .await;
     let (one, two) = (
         HttpClient::new(first.addresses[0]),
         HttpClient::new(second.addresses[0]),

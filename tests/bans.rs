@@ -5,47 +5,8 @@
 
 mod common;
 
+use common::bans::{login, POLICY};
 use common::*;
-
-const POLICY: &str = r#"
-[upstreams.app]
-url = "http://{upstream}"
-
-[limits.per_account]
-key = { header = "x-account" }
-capacity = 1
-rate = "1/h"
-[limits.per_account.ban]
-after = 2
-within = "1m"
-duration = "15m"
-
-[limits.peek]
-key = { header = "x-account" }
-mode = "shadow"
-capacity = 1
-rate = "1/h"
-[limits.peek.ban]
-after = 1
-within = "1m"
-duration = "1h"
-
-[[routes]]
-name = "login"
-path = "/login"
-upstream = "app"
-limits = ["per_account"]
-
-[[routes]]
-name = "watched"
-path = "/watched"
-upstream = "app"
-limits = ["peek"]
-"#;
-
-async fn login(client: &HttpClient, account: &str) -> Reply {
-    client.get("/login", &[("x-account", account)]).await
-}
 
 #[tokio::test]
 async fn a_key_refused_twice_is_banned_and_the_admin_lifts_it() {

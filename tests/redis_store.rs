@@ -275,6 +275,10 @@ async fn the_deny_cache_spares_redis_while_a_bucket_is_empty() {
     let redis = RedisServer::start();
     let upstream = start_upstream().await;
     let gateway = start_gateway(&policy(&redis.url(), 3, "1/h"), upstream.address).await;
+    eventually("the replica hears resets", || {
+        gateway.redis_store().unwrap().hears_resets()
+    })
+    .await;
     let client = HttpClient::new(gateway.addresses[0]);
     for _ in 0..3 {
         assert_eq!(client.get("/global", &[]).await.status, 200);
@@ -866,6 +870,10 @@ async fn rediss_verifies_the_server_against_the_configured_roots() {
     // A reset reaches every replica over the same TLS: the second replica, which learned
     // from Redis that the bucket is empty and remembers it, lets go of it.
     let second = start_gateway(&trusted, upstream.address).await;
+    eventually("the second replica hears resets", || {
+        second.redis_store().unwrap().hears_resets()
+    })
+    .await;
     let two = HttpClient::new(second.addresses[0]);
     assert_eq!(two.get("/global", &[]).await.status, 429);
     let reset = HttpClient::new(gateway.admin_address)

@@ -269,15 +269,6 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         .map(Arc::new)
         .collect();
     geoip::check_databases(&limits, geoip.as_deref(), errors);
-    if store.redis.is_some() {
-        for limit in limits.iter().filter(|limit| limit.ban.is_some()) {
-            errors.at(
-                None,
-                format!("limits.{}.ban", limit.name),
-                "bans are kept in each replica's memory, not yet in Redis: with [store] backend = \"redis\" a ban would hold on one replica only; remove the ban or use the memory store",
-            );
-        }
-    }
     let mut routes = Vec::with_capacity(raw.routes.len());
     let mut route_names = HashSet::new();
     for (index, route) in raw.routes.into_iter().enumerate() {

@@ -11,10 +11,12 @@
 --   `on_limit = "delay"`), factor and min_capacity of the limit's adaptive penalty (factor 0:
 --   not adaptive). A calendar quota has rate 0, and in place of factor and min_capacity the
 --   end of the period the gateway's clock is in and the end of the next one (Unix seconds).
---   Concurrency slots have capacity the number of slots, rate the lease in milliseconds. Then
---   per request: the index of its shape (u32), then for each of the shape's buckets the index
---   of its key in KEYS (u32), then, if the shape has slots, the length (u32) and bytes of the
---   request's lease name. Requests of one route share a shape: its numbers are sent, and read,
+--   Concurrency slots have capacity the number of slots, rate the lease in milliseconds. After
+--   each bucket's doubles, its ban rule: `after` (u32; 0: none), and when there is one, within
+--   and duration (doubles, microseconds). Then per request: the index of its shape (u32), then
+--   for each of the shape's buckets the index of its key in KEYS (u32), followed for a bucket
+--   with a ban rule by the index of its ban key, then, if the shape has slots, the length (u32)
+--   and bytes of the request's lease name. Requests of one route share a shape: its numbers are sent, and read,
 --   once per batch.
 -- State per bucket: one string of little-endian doubles (key_admin.rs reads it for a person):
 -- tokens and ts, the Redis server's time in microseconds, then for keys of adaptive limits
@@ -22,14 +24,19 @@
 -- tokens and p, the end of the period its count belongs to (the server's clock picks which of
 -- the two periods the gateway names); another period's count is a full quota, and the key
 -- expires when its period ends. A key's concurrency slots are a sorted set of leases scored by
--- when they expire (ms); expired ones are dropped as the set is read.
+-- when they expire (ms); expired ones are dropped as the set is read. A key's ban state is a
+-- key of its own in the same slot (keys.rs names it): refusals, when their window opened and
+-- when the ban ends (little-endian doubles, microseconds; 0: no ban).
 -- The time is the server's (TIME), so replicas with skewed clocks agree.
 --
 -- A penalised key's capacity and rate are multiplied by factor^level (never below
 -- min_capacity) until `hold`. A request is admitted only if every enforcing bucket holds its
 -- cost, or a delaying bucket can book it within its debt, and every concurrency limit has a
--- slot free; then every bucket that can pay or book is charged, and a lease taken of each
--- concurrency limit. A bucket is written only when charged (refill is lazy: an unwritten
+-- slot free, and no enforcing bucket's key is banned; then every bucket that can pay or book
+-- is charged, and a lease taken of each concurrency limit. A bucket with a ban rule counts its
+-- refusals (an enforcing bucket's when the request is refused; a shadow one's whenever it
+-- would refuse) in a window opened by the first; the `after`-th within it bans the key for
+-- `duration`. Refusals during a ban count nothing. A bucket is written only when charged (refill is lazy: an unwritten
 -- bucket keeps meaning the same thing), once per batch however many requests charged it, and
 -- expires once it would be full again and its adaptive state no longer matters.
 --
@@ -37,8 +44,10 @@
 -- byte, 1 when the call came after its deadline (then nothing else follows); then per
 -- request: a byte, admitted (1/0), then per bucket: the tokens after (for slots: the slots
 -- free after; a little-endian double) and a byte: 1 sufficient, 0 not, plus 4 if the request
--- booked the tokens it lacked (it waits for them), plus 2 if the key is under an adaptive
--- penalty, in which case the multiplier follows (a double); the requests one after another.
+-- booked the tokens it lacked (it waits for them), plus 16 if this refusal began a ban, plus 2
+-- if the key is under an adaptive penalty, in which case the multiplier follows (a double),
+-- plus 8 if the key is banned (the request was refused for it), in which case the seconds of
+-- ban left follow (a double); the requests one after another.
 --
 -- This runs inside Redis for every batch, so it is written for Redis's CPU: library functions
 -- held in locals, comparisons instead of math.min/max calls, flat tables, and strings from
@@ -72,8 +81,16 @@ for s = 1, shape_count do
   local shape = { count, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
   for i = 1, count do
     local to = (i - 1) * 6 + 1
-    local capacity, rate, cost, enforce, factor, min_capacity
-    capacity, rate, cost, enforce, factor, min_capacity, pos = unpack('<dddddd', arguments, pos)
+    local capacity, rate, cost, enforce, factor, min_capacity, after
+    capacity, rate, cost, enforce, factor, min_capacity, after, pos =
+      unpack('<ddddddI4', arguments, pos)
+    if after > 0 then
+      -- Ban rules are few: kept beside the shape's flat numbers, by bucket.
+      local within, duration
+      within, duration, pos = unpack('<dd', arguments, pos)
+      shape.bans = shape.bans or {}
+      shape.bans[i] = { after, within, duration }
+    end
     if enforce == 2 then
       enforce, shape.leases = 'lease', true
     elseif enforce >= 0 then
@@ -106,6 +123,10 @@ local seen = { false, false, false, false }
 -- about as much as a Redis command's lookup: they are few, and flat.)
 local state = { 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, false, false,
   0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, false, false }
+-- Per bucket of the current request with a ban rule: its ban state, as kept in `seen`: {
+-- refusals, 'ban', when their window opened, when the ban ends, and once changed the rule }.
+-- Made for the first shape with a ban rule: a call without one makes nothing of bans.
+local bans
 local reply, replied = { pack('<dB', now, 0), '', '', '', '' }, 1
 local size = #arguments
 
@@ -115,10 +136,32 @@ while pos <= size do
   local shape = shapes[shape_index]
   local count = shape[1]
   local admitted = true
+  local banned = false
+  local rules = shape.bans
   for i = 1, count do
     local at = (i - 1) * 6 + 1
     local index
     index, pos = unpack('<I4', arguments, pos)
+    if rules then
+      local ban = false
+      if rules[i] then
+        local ban_index
+        ban_index, pos = unpack('<I4', arguments, pos)
+        ban = seen[ban_index]
+        if not ban then
+          local stored = pcall('GET', KEYS[ban_index])
+          ban = { 0, 'ban', 0, 0, false }
+          if type(stored) == 'string' and #stored == 24 then
+            ban[1], ban[3], ban[4] = unpack('<ddd', stored)
+          end
+          seen[ban_index] = ban
+        end
+        -- A shadow bucket's ban is counted, never enforced.
+        if ban[4] > now and shape[at + 4] ~= false then banned = true end
+      end
+      bans = bans or {}
+      bans[i] = ban
+    end
     if shape[at + 4] == 'lease' then
       -- A key's slots: a sorted set of leases; its entry { in use, 'lease', index }.
       local entry = seen[index]
@@ -192,6 +235,8 @@ while pos <= size do
     end
   end
 
+  if banned then admitted = false end
+
   local lease_name
   if shape.leases then
     local length
@@ -225,8 +270,33 @@ while pos <= size do
       local multiplier = state[base + 5]
       replied = replied + 1
       local flags = sufficient and 1 or (admitted and booked and 4 or 0)
+      local left = false
+      if rules and bans[i] then
+        local ban, enforce = bans[i], shape[(i - 1) * 6 + 5]
+        if banned then
+          if ban[4] > now and enforce ~= false then left = (ban[4] - now) / 1000000 end
+        elseif flags == 0 and (not admitted or enforce == false) and ban[4] <= now then
+          -- A refusal by this bucket: counted in its window, the `after`-th bans the key.
+          local rule = rules[i]
+          if ban[1] == 0 or now >= ban[3] + rule[2] then
+            ban[1], ban[3] = 0, now
+          end
+          ban[1] = ban[1] + 1
+          if ban[1] >= rule[1] then
+            ban[1], ban[4] = 0, now + rule[3]
+            flags = flags + 16
+          end
+          ban[5] = rule
+        end
+      end
       if multiplier == 1 then
-        reply[replied] = pack('<dB', tokens, flags)
+        if left then
+          reply[replied] = pack('<dBd', tokens, flags + 8, left)
+        else
+          reply[replied] = pack('<dB', tokens, flags)
+        end
+      elseif left then
+        reply[replied] = pack('<dBdd', tokens, flags + 10, multiplier, left)
       else
         reply[replied] = pack('<dBd', tokens, flags + 2, multiplier)
       end
@@ -251,6 +321,13 @@ for index = 1, #KEYS do
     local bytes = pack('<dd', entry[7], entry[8] or moment)
     if entry[5] ~= '' then bytes = bytes .. entry[5] end
     call('SET', KEYS[index], bytes, 'PX', expire_ms + 1000)
+  elseif bans and entry and entry[2] == 'ban' and entry[5] then
+    -- A ban state that counted a refusal: kept while its window or its ban lasts.
+    local rule = entry[5]
+    local keep = entry[3] + rule[2]
+    if entry[4] > keep then keep = entry[4] end
+    call('SET', KEYS[index], pack('<ddd', entry[1], entry[3], entry[4]), 'PX',
+      ceil((keep - now) / 1000) + 1000)
   end
 end
 return table.concat(reply, '', 1, replied)

@@ -4,7 +4,8 @@
 //! It only ever refuses. Its estimate of a bucket's tokens counts refill from the moment the
 //! store call was *sent* (before the store read its clock), so it never believes a bucket
 //! emptier than the store does: other replicas can only take tokens away. When it is not
-//! sure, the request goes to the store.
+//! sure, the request goes to the store. It also remembers keys the store reported banned,
+//! until (by this replica's clock, counted from the call's sending) their ban ends.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -21,11 +22,26 @@ const MAX_ENTRIES_PER_SHARD: usize = 8192;
 const SHARDS: usize = 16;
 
 #[derive(Debug, Clone, Copy)]
-struct Entry {
-    tokens: f64,
-    since: Timestamp,
-    rate: f64,
-    capacity: f64,
+enum Entry {
+    Bucket {
+        tokens: f64,
+        since: Timestamp,
+        rate: f64,
+        capacity: f64,
+    },
+    Banned {
+        until: Timestamp,
+    },
+}
+
+impl Entry {
+    /// Whether the entry still tells something at `now`.
+    fn matters(&self, now: Timestamp) -> bool {
+        match *self {
+            Entry::Bucket { capacity, .. } => estimate(self, now) < capacity,
+            Entry::Banned { until } => until > now,
+        }
+    }
 }
 
 /// Keys are store keys: limit names and keyed digests or networks, which a client cannot aim
@@ -55,39 +71,69 @@ impl DenyCache {
 
     /// Remembers that `key` held `tokens` (too few) when a call sent at `sent` was answered.
     pub fn remember(&self, key: &str, tokens: f64, sent: Timestamp, rate: f64, capacity: f64) {
+        let entry = Entry::Bucket {
+            tokens,
+            since: sent,
+            rate,
+            capacity,
+        };
+        self.insert(key, entry, sent);
+    }
+
+    /// Remembers that `key` is banned until `until`.
+    pub fn remember_ban(&self, key: &str, until: Timestamp, sent: Timestamp) {
+        self.insert(key, Entry::Banned { until }, sent);
+    }
+
+    fn insert(&self, key: &str, entry: Entry, now: Timestamp) {
         let mut entries = self.shard(key).lock();
         if entries.len() >= MAX_ENTRIES_PER_SHARD {
-            entries.retain(|_, entry| estimate(entry, sent) < entry.capacity);
+            entries.retain(|_, entry| entry.matters(now));
             if entries.len() >= MAX_ENTRIES_PER_SHARD {
                 entries.clear();
             }
         }
-        entries.insert(
-            key.to_owned(),
-            Entry {
-                tokens,
-                since: sent,
-                rate,
-                capacity,
-            },
-        );
+        entries.insert(key.to_owned(), entry);
     }
 
     /// If `key` certainly holds fewer than `cost` tokens at `now`: the tokens it holds at most.
     pub fn insufficient(&self, key: &str, cost: f64, now: Timestamp) -> Option<f64> {
         let mut entries = self.shard(key).lock();
         let entry = entries.get(key)?;
-        let tokens = estimate(entry, now);
-        if tokens >= entry.capacity {
+        if !entry.matters(now) {
             entries.remove(key);
             return None;
         }
+        let Entry::Bucket { .. } = entry else {
+            return None;
+        };
+        let tokens = estimate(entry, now);
         (tokens < cost).then_some(tokens)
+    }
+
+    /// If `key` is certainly banned at `now`: the seconds of its ban left at least.
+    pub fn banned(&self, key: &str, now: Timestamp) -> Option<f64> {
+        let mut entries = self.shard(key).lock();
+        let Entry::Banned { until } = *entries.get(key)? else {
+            return None;
+        };
+        if until <= now {
+            entries.remove(key);
+            return None;
+        }
+        Some(until.saturating_elapsed_since(now).as_secs_f64())
     }
 
     /// Forgets what it knew of `key` (an operator reset it).
     pub fn forget(&self, key: &str) {
         self.shard(key).lock().remove(key);
+    }
+
+    /// Forgets everything: resets may have been missed.
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            shard.lock().clear();
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -99,9 +145,20 @@ impl DenyCache {
     }
 }
 
+/// A bucket's tokens at `now` at most (a ban's entry: none).
 fn estimate(entry: &Entry, now: Timestamp) -> f64 {
-    let elapsed = now.saturating_elapsed_since(entry.since).as_secs_f64();
-    (entry.tokens + elapsed * entry.rate).min(entry.capacity)
+    match *entry {
+        Entry::Bucket {
+            tokens,
+            since,
+            rate,
+            capacity,
+        } => {
+            let elapsed = now.saturating_elapsed_since(since).as_secs_f64();
+            (tokens + elapsed * rate).min(capacity)
+        }
+        Entry::Banned { .. } => 0.0,
+    }
 }
 
 #[cfg(test)]
@@ -139,5 +196,24 @@ mod tests {
         assert_eq!(cache.insufficient("k", 3.0, at(1.0)), Some(1.0));
         assert_eq!(cache.insufficient("k", 3.0, at(2.0)), None);
         assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn a_ban_is_remembered_until_it_ends_and_forgotten_on_reset() {
+        let cache = DenyCache::default();
+        cache.remember_ban("k", at(900.0), at(0.0));
+        assert_eq!(cache.banned("k", at(100.0)), Some(800.0));
+        assert_eq!(
+            cache.insufficient("k", 1.0, at(100.0)),
+            None,
+            "not a bucket"
+        );
+        assert_eq!(cache.banned("k", at(900.0)), None);
+        assert!(cache.is_empty(), "an ended ban is dropped");
+        cache.remember_ban("k", at(900.0), at(0.0));
+        cache.forget("k");
+        assert_eq!(cache.banned("k", at(1.0)), None);
+        cache.remember("b", 0.0, at(0.0), 1.0, 2.0);
+        assert_eq!(cache.banned("b", at(0.5)), None, "a bucket is not a ban");
     }
 }

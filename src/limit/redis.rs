@@ -14,7 +14,7 @@
 //! replica-local deny cache refuses requests on buckets Redis just reported empty without a
 //! round trip.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,8 +39,8 @@ mod slots;
 mod token_lease;
 
 use batch::Batcher;
-pub use keys::slot;
 use keys::{group_by_slot, StoreKeys};
+pub use keys::{prefix_keeps_ban_keys_in_slot, slot};
 pub use refund::Refund;
 use server_clock::{LateCalls, ServerClock};
 pub use slots::{PendingSlotLeases, SlotLeases};
@@ -83,6 +83,9 @@ pub struct RedisStore {
     outcome: Arc<Script>,
     breaker: Breaker,
     deny_cache: DenyCache,
+    /// Whether this replica is subscribed to the reset channel: the deny cache remembers
+    /// refusals only while it would hear a reset that lifts them.
+    hearing_resets: AtomicBool,
     clock: Clock,
     deny_cache_refusals: AtomicU64,
     /// Decisions on a single node go out in batches.
@@ -191,6 +194,7 @@ impl RedisStore {
             outcome: Arc::new(Script::new(OUTCOME)),
             breaker: Breaker::new(clock.clone()),
             deny_cache: DenyCache::default(),
+            hearing_resets: AtomicBool::new(false),
             clock,
             deny_cache_refusals: AtomicU64::new(0),
             batcher: Batcher::new(),
@@ -239,6 +243,11 @@ impl RedisStore {
     /// Calls that ran after the gateway gave up on them and charged nothing.
     pub fn late_calls(&self) -> u64 {
         self.late.get()
+    }
+
+    /// Whether this replica hears resets published by the others (and so uses its deny cache).
+    pub fn hears_resets(&self) -> bool {
+        self.hearing_resets.load(Ordering::Acquire)
     }
 
     /// Requests refused by the deny cache without a store call.

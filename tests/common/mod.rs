@@ -21,6 +21,7 @@ use tollgate::config::Policy;
 use tollgate::limit::Clock;
 use tollgate::{Options, Tollgate};
 
+pub mod bans;
 pub mod differential;
 pub mod llm;
 pub mod redis_server;

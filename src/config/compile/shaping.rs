@@ -132,6 +132,13 @@ pub(super) fn compile_lease(
             "a lease is for a plain token bucket: not with a calendar quota, a concurrency limit, on_limit = \"delay\", an adaptive penalty or tiers",
         );
     }
+    if raw.ban.is_some() {
+        errors.at(
+            span.clone(),
+            &field,
+            "not with a ban: a leased bucket refuses from one replica's lease, where the refusals that lead to a ban cannot be counted for every replica; remove the lease or the ban",
+        );
+    }
     let per_lease = rate.per_second() * duration.as_secs_f64();
     if bucket && capacity < per_lease * 4.0 {
         errors.at(

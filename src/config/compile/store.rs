@@ -70,6 +70,15 @@ pub(super) fn compile_store(
                     "at least 1s: a request renews its slots every third of it",
                 );
             }
+            if let Some(prefix) = raw.prefix.as_deref() {
+                if !crate::limit::redis::prefix_keeps_ban_keys_in_slot(prefix) {
+                    errors.at(
+                        span.clone(),
+                        "store.prefix",
+                        format!("{prefix:?}: a '}}' may appear only to close a hash tag such as \"{{tollgate}}:\""),
+                    );
+                }
+            }
             let connect_timeout = duration_or(raw.connect_timeout, Duration::from_secs(1));
             if connect_timeout.is_zero() {
                 errors.at(

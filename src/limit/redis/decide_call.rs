@@ -1,12 +1,15 @@
 //! One `decide.lua` call: the requests of a batch put into its arguments (each key and each
 //! shape of buckets sent once), and its binary reply read back, strictly.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use redis::Script;
 use smallvec::SmallVec;
 
+use super::keys::ban_key;
 use super::server_clock::{LateCalls, ServerClock};
+use crate::limit::ban::Ban;
 use crate::limit::{BucketRequest, Charge, StoreError, Verdict};
 
 /// What `decide.lua` needs to know of one bucket besides its key.
@@ -25,6 +28,8 @@ pub(super) struct BucketArguments {
     /// A concurrency limit's slots (`capacity` of them, each a lease of `rate` milliseconds),
     /// not a bucket.
     lease: bool,
+    /// The limit's ban rule: its state is read and written beside the bucket's.
+    ban: Option<Ban>,
 }
 
 impl BucketArguments {
@@ -43,6 +48,7 @@ impl BucketArguments {
             factor,
             min_capacity,
             lease: false,
+            ban: request.ban,
         }
     }
 
@@ -57,6 +63,7 @@ impl BucketArguments {
             factor: 0.0,
             min_capacity: 0.0,
             lease: true,
+            ban: None,
         }
     }
 
@@ -96,17 +103,23 @@ pub(super) struct BucketReply {
     pub booked: bool,
     /// The key's adaptive penalty (1: none).
     pub multiplier: f64,
+    /// The key is banned: the seconds of its ban left.
+    pub banned: Option<f64>,
+    /// This refusal began a ban of the key.
+    pub ban_began: bool,
 }
 
 impl BucketReply {
     /// The verdict for the bucket that `charge` (as configured) describes.
     pub(super) fn verdict(&self, charge: &Charge) -> Verdict {
         let charge = charge.scaled(self.multiplier);
-        if self.booked {
-            Verdict::booked(&charge, self.tokens)
-        } else {
-            Verdict::observed(&charge, self.tokens, self.sufficient)
-        }
+        let mut verdict = match (self.banned, self.booked) {
+            (Some(left), _) => Verdict::banned(&charge, self.tokens, left),
+            (None, true) => Verdict::booked(&charge, self.tokens),
+            (None, false) => Verdict::observed(&charge, self.tokens, self.sufficient),
+        };
+        verdict.ban_began = self.ban_began;
+        verdict
     }
 }
 
@@ -114,8 +127,9 @@ impl BucketReply {
 /// numbers of a request's buckets, the same for every request of a route); a request is its
 /// shape's index and its keys' indexes.
 pub(super) struct DecideCall<'a> {
-    keys: Vec<&'a str>,
-    key_indexes: HashMap<&'a str, usize, foldhash::fast::RandomState>,
+    /// The requests' keys, and the ban keys named after those of buckets with a ban rule.
+    keys: Vec<Cow<'a, str>>,
+    key_indexes: HashMap<Cow<'a, str>, usize, foldhash::fast::RandomState>,
     shapes: Vec<&'a [BucketArguments]>,
     /// Per request: its shape's index, then its keys' indexes (all 1-based, as Lua counts),
     /// then the name of its leases if its shape has slots.
@@ -153,26 +167,34 @@ impl<'a> DecideCall<'a> {
             }
         };
         self.requests.push(RequestArgument::Index(shape_index + 1));
-        let before = self.requests.len();
-        for key in keys {
-            let next = self.keys.len();
-            let index = *self.key_indexes.entry(key).or_insert(next);
-            if index == next {
-                self.keys.push(key);
+        let mut pushed = 0;
+        for (key, bucket) in keys.into_iter().zip(shape) {
+            let index = self.key_index(Cow::Borrowed(key));
+            self.requests.push(RequestArgument::Index(index));
+            if bucket.ban.is_some() {
+                let index = self.key_index(Cow::Owned(ban_key(key)));
+                self.requests.push(RequestArgument::Index(index));
             }
-            self.requests.push(RequestArgument::Index(index + 1));
+            pushed += 1;
         }
-        debug_assert_eq!(
-            self.requests.len() - before,
-            shape.len(),
-            "a key per bucket"
-        );
+        debug_assert_eq!(pushed, shape.len(), "a key per bucket");
         if shape.iter().any(BucketArguments::is_lease) {
             debug_assert!(lease.is_some(), "slots are taken in a lease's name");
             self.requests
                 .push(RequestArgument::Lease(lease.unwrap_or_default()));
         }
         self.bucket_counts.push(shape.len());
+    }
+
+    /// The 1-based index of `key` among the call's keys, added if new.
+    fn key_index(&mut self, key: Cow<'a, str>) -> usize {
+        if let Some(index) = self.key_indexes.get(key.as_ref()) {
+            return *index;
+        }
+        self.keys.push(key.clone());
+        let index = self.keys.len();
+        self.key_indexes.insert(key, index);
+        index
     }
 
     /// The call, with its deadline in the server's time (microseconds; 0: none): the keys,
@@ -183,7 +205,7 @@ impl<'a> DecideCall<'a> {
             12 + self
                 .shapes
                 .iter()
-                .map(|shape| 4 + 48 * shape.len())
+                .map(|shape| 4 + 68 * shape.len())
                 .sum::<usize>()
                 + 8 * self.requests.len(),
         );
@@ -201,6 +223,16 @@ impl<'a> DecideCall<'a> {
                     bucket.min_capacity,
                 ] {
                     arguments.extend_from_slice(&number.to_le_bytes());
+                }
+                match bucket.ban {
+                    None => push_u32(&mut arguments, 0),
+                    Some(ban) => {
+                        arguments.extend_from_slice(&ban.after.to_le_bytes());
+                        for duration in [ban.within, ban.duration] {
+                            let micros = duration.as_micros() as f64;
+                            arguments.extend_from_slice(&micros.to_le_bytes());
+                        }
+                    }
                 }
             }
         }
@@ -220,7 +252,7 @@ impl<'a> DecideCall<'a> {
             .arg(script.get_hash())
             .arg(self.keys.len());
         for key in &self.keys {
-            command.arg(*key);
+            command.arg(key.as_ref());
         }
         command.arg(arguments);
         command
@@ -228,8 +260,9 @@ impl<'a> DecideCall<'a> {
 
     /// Reads the reply: the server's time, a byte (1: the call was late, and nothing follows);
     /// then per request, a byte for admitted, then per bucket the tokens after (a
-    /// little-endian double) and a byte: 1 sufficient, 4 booked, 0 neither, plus 2 when the
-    /// adaptive multiplier (a double) follows.
+    /// little-endian double) and a byte: 1 sufficient, 4 booked, 0 neither, plus 16 when the
+    /// refusal began a ban, plus 2 when the adaptive multiplier (a double) follows, plus 8
+    /// when the key is banned and the seconds left (a double) follow.
     pub(super) fn parse_reply(&self, reply: &[u8]) -> Result<CallReply, StoreError> {
         let malformed = || StoreError::Reply(format!("{reply:?}"));
         let mut fields = ReplyReader(reply);
@@ -254,21 +287,29 @@ impl<'a> DecideCall<'a> {
             for _ in 0..*count {
                 let tokens = fields.number().ok_or_else(malformed)?;
                 let flags = fields.byte().ok_or_else(malformed)?;
-                let (sufficient, booked) = match flags & !2 {
-                    0 => (false, false),
-                    1 => (true, false),
-                    4 if admitted => (false, true),
+                let (sufficient, booked, ban_began) = match flags & !(2 | 8) {
+                    0 => (false, false, false),
+                    16 => (false, false, true),
+                    1 => (true, false, false),
+                    4 if admitted => (false, true, false),
                     _ => return Err(malformed()),
                 };
                 let multiplier = match flags & 2 {
                     0 => 1.0,
                     _ => fields.number().ok_or_else(malformed)?,
                 };
+                let banned = match flags & 8 {
+                    0 => None,
+                    _ if admitted || ban_began => return Err(malformed()),
+                    _ => Some(fields.number().ok_or_else(malformed)?),
+                };
                 buckets.push(BucketReply {
                     tokens,
                     sufficient,
                     booked,
                     multiplier,
+                    banned,
+                    ban_began,
                 });
             }
             parsed.push(RequestReply { admitted, buckets });

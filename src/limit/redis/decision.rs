@@ -67,10 +67,26 @@ impl RedisStore {
             }
         };
         call.success();
+        let hearing = self.hears_resets();
         for ((request, key), verdict) in requests.iter().zip(keys.iter()).zip(decision.verdicts()) {
-            // A quota's count only starts over with its period: not the deny cache's arithmetic.
+            if !hearing {
+                break;
+            }
+            if verdict.banned || verdict.ban_began {
+                let left = match (verdict.banned, request.ban) {
+                    (true, _) => verdict.wait,
+                    (false, Some(ban)) => ban.duration.as_secs_f64(),
+                    (false, None) => continue,
+                };
+                if request.charge.enforce {
+                    self.deny_cache.remember_ban(key, sent.after(left), sent);
+                }
+                continue;
+            }
+            // A quota's count only starts over with its period: not the deny cache's
+            // arithmetic. A limit with a ban counts each refusal in Redis.
             let refused = !verdict.sufficient && !verdict.booked;
-            if refused && request.charge.period.is_none() {
+            if refused && request.charge.period.is_none() && request.ban.is_none() {
                 self.deny_cache.remember(
                     key,
                     verdict.tokens,
@@ -83,7 +99,8 @@ impl RedisStore {
         Ok((decision, leased))
     }
 
-    /// A refusal decided locally, if the deny cache knows an enforcing bucket to be too empty.
+    /// A refusal decided locally, if the deny cache knows an enforcing bucket to be too empty
+    /// or its key banned.
     pub(super) fn refuse_from_cache(
         &self,
         requests: &[BucketRequest<'_>],
@@ -96,13 +113,20 @@ impl RedisStore {
             .zip(keys.iter())
             .map(|(request, key)| {
                 let charge = &request.charge;
+                if !charge.enforce {
+                    return Verdict::unobserved();
+                }
+                if request.ban.is_some() {
+                    // Refusals toward a ban are counted in Redis: only a ban refuses here.
+                    let Some(left) = self.deny_cache.banned(key, now) else {
+                        return Verdict::unobserved();
+                    };
+                    refused = true;
+                    return Verdict::banned(charge, 0.0, left);
+                }
                 // A delaying bucket refuses only once its debt is booked up.
                 let needed = charge.cost - charge.debt;
-                match charge
-                    .enforce
-                    .then(|| self.deny_cache.insufficient(key, needed, now))
-                    .flatten()
-                {
+                match self.deny_cache.insufficient(key, needed, now) {
                     Some(tokens) => {
                         refused = true;
                         Verdict::observed(charge, tokens, false)

@@ -3,17 +3,29 @@
 //! cache forgets its refusals of that key at once.
 
 use futures_util::StreamExt as _;
+use std::sync::atomic::Ordering;
 
+use super::keys::ban_key;
 use super::{Connection, RedisStore};
 use crate::limit::{adaptive, BucketKey, Charge, KeyState, StoreError};
 
-/// The bucket's state and the server's time, in one step (on a Cluster, at the key's node).
+/// The bucket's state, its ban's and the server's time, in one step (on a Cluster, at the
+/// key's node: the ban key lives in the bucket's slot).
 const READ_KEY: &str = r"
 local t = redis.call('TIME')
 local stored = redis.pcall('GET', KEYS[1])
 if type(stored) ~= 'string' then stored = '' end
-return { t[1], t[2], stored }
+local ban = redis.pcall('GET', KEYS[2])
+if type(ban) ~= 'string' then ban = '' end
+return { t[1], t[2], stored, ban }
 ";
+
+/// When a ban kept as `decide.lua` keeps it (refusals, window opened, until: little-endian
+/// doubles, microseconds) ends, in Unix seconds, if it is in force at `now`.
+fn banned_until(ban: &[u8], now: f64) -> Option<f64> {
+    let until = f64::from_le_bytes(ban.get(16..24)?.try_into().ok()?) / 1e6;
+    (ban.len() == 24 && until > now).then_some(until)
+}
 
 /// A bucket as `decide.lua` stores it: little-endian doubles, tokens and then the server's
 /// time of the last charge (for a quota: the end of its count's period), then for an
@@ -72,8 +84,8 @@ impl RedisStore {
     ) -> Result<KeyState, StoreError> {
         let key = self.store_key(key);
         let mut command = redis::cmd("EVAL");
-        command.arg(READ_KEY).arg(1).arg(&key);
-        let (seconds, micros, stored): (u64, u64, Vec<u8>) =
+        command.arg(READ_KEY).arg(2).arg(&key).arg(ban_key(&key));
+        let (seconds, micros, stored, ban): (u64, u64, Vec<u8>, Vec<u8>) =
             tokio::time::timeout(self.timeout.max(READ_TIMEOUT), self.query(command))
                 .await
                 .map_err(|_| StoreError::Timeout)??;
@@ -104,7 +116,7 @@ impl RedisStore {
             tokens,
             capacity: charge.capacity,
             penalty: (multiplier < 1.0).then_some((multiplier, hold)),
-            banned_until: None,
+            banned_until: banned_until(&ban, now),
         })
     }
 
@@ -113,7 +125,7 @@ impl RedisStore {
     pub async fn forget(&self, key: &BucketKey<'_>) -> Result<(), StoreError> {
         let key = self.store_key(key);
         let mut delete = redis::cmd("DEL");
-        delete.arg(&key);
+        delete.arg(&key).arg(ban_key(&key));
         let _: i64 = self.query(delete).await?;
         self.deny_cache.forget(&key);
         self.leases.forget(&key);
@@ -138,6 +150,11 @@ impl RedisStore {
             attempt += 1;
             if let Ok(mut pubsub) = client.get_async_pubsub().await {
                 if pubsub.subscribe(reset_channel(&prefix)).await.is_ok() {
+                    let Some(redis) = store.upgrade() else {
+                        return;
+                    };
+                    redis.hearing_resets.store(true, Ordering::Release);
+                    drop(redis);
                     let mut messages = pubsub.into_on_message();
                     while let Some(message) = messages.next().await {
                         let Some(redis) = store.upgrade() else {
@@ -148,6 +165,12 @@ impl RedisStore {
                             redis.leases.forget(&key);
                         }
                     }
+                    // Resets published from now until the next subscription go unheard.
+                    let Some(redis) = store.upgrade() else {
+                        return;
+                    };
+                    redis.hearing_resets.store(false, Ordering::Release);
+                    redis.deny_cache.clear();
                 }
             }
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -191,5 +214,18 @@ mod tests {
         );
         assert_eq!(StoredBucket::parse(b""), None, "no key");
         assert_eq!(StoredBucket::parse(&bytes(&[2.5])), None, "cut short");
+    }
+
+    #[test]
+    fn a_ban_is_read_only_while_in_force() {
+        let ban = bytes(&[0.0, 1.7e15, 1.8e15]);
+        assert_eq!(super::banned_until(&ban, 1.75e9), Some(1.8e9));
+        assert_eq!(super::banned_until(&ban, 1.8e9), None, "ended");
+        assert_eq!(
+            super::banned_until(&bytes(&[2.0, 1.7e15, 0.0]), 1.7e9),
+            None
+        );
+        assert_eq!(super::banned_until(b"", 1.7e9), None, "no key");
+        assert_eq!(super::banned_until(&ban[..20], 0.0), None, "cut short");
     }
 }

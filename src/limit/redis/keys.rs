@@ -72,18 +72,32 @@ pub(super) fn group_by_slot<'k>(keys: impl IntoIterator<Item = &'k str>) -> Vec<
 /// The Redis Cluster slot of a key: CRC16 (XMODEM) of the key, or of its hash tag
 /// (`{...}`, the first non-empty one), modulo 16384.
 pub fn slot(key: &[u8]) -> u16 {
-    let hashed = key
-        .iter()
-        .position(|byte| *byte == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            rest.iter()
-                .position(|byte| *byte == b'}')
-                .filter(|length| *length > 0)
-                .map(|length| &rest[..length])
-        })
-        .unwrap_or(key);
-    crc16(hashed) % 16384
+    crc16(hash_tag(key).unwrap_or(key)) % 16384
+}
+
+/// What a Cluster hashes of a key instead of the whole: the text between its first `{` and
+/// the next `}`, unless that is empty.
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|byte| *byte == b'{')?;
+    let rest = &key[open + 1..];
+    let length = rest.iter().position(|byte| *byte == b'}')?;
+    (length > 0).then(|| &rest[..length])
+}
+
+/// The key of a bucket's ban state: in the bucket's own Cluster slot, so that the call that
+/// decides the bucket reads and writes it too. Bucket keys hold a `}` only inside a hash tag
+/// of the prefix (`[store] prefix` is checked for it).
+pub(super) fn ban_key(key: &str) -> String {
+    match hash_tag(key.as_bytes()) {
+        Some(_) => format!("{key}|ban"),
+        None => format!("{{{key}}}|ban"),
+    }
+}
+
+/// Whether bucket keys made with `prefix` keep their ban state in their own slot: a `}` in
+/// a prefix without a hash tag would end the tag [`ban_key`] makes early.
+pub fn prefix_keeps_ban_keys_in_slot(prefix: &str) -> bool {
+    hash_tag(prefix.as_bytes()).is_some() || !prefix.contains('}')
 }
 
 fn crc16(data: &[u8]) -> u16 {
@@ -138,6 +152,29 @@ mod tests {
             assert_eq!(&spelled[index], expected);
         }
         assert_eq!(StoreKeys::new("tg:", [].iter()).iter().count(), 0);
+    }
+
+    #[test]
+    fn a_ban_key_lives_in_its_buckets_slot() {
+        for key in [
+            "tg:everyone:global",
+            "tg:per_network:v6:2001:db8::/48",
+            "tollgate:login:h:00ff|as:64500",
+            "{tg}:per_account:h:ab",
+            "t{g:x{y}z:cc:DE",
+            "tg{:a",
+        ] {
+            let ban = ban_key(key);
+            assert_eq!(slot(ban.as_bytes()), slot(key.as_bytes()), "{key} / {ban}");
+            assert_ne!(ban, key);
+        }
+        assert_eq!(ban_key("tg:everyone:global"), "{tg:everyone:global}|ban");
+        assert_eq!(ban_key("{tg}:a:global"), "{tg}:a:global|ban");
+        assert!(prefix_keeps_ban_keys_in_slot("tollgate:"));
+        assert!(prefix_keeps_ban_keys_in_slot("{tollgate}:"));
+        assert!(prefix_keeps_ban_keys_in_slot("a{b"));
+        assert!(!prefix_keeps_ban_keys_in_slot("a}b:"));
+        assert!(!prefix_keeps_ban_keys_in_slot("{}tg:"));
     }
 
     #[test]

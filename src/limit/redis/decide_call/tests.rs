@@ -10,6 +10,7 @@ fn bucket(capacity: f64, cost: f64) -> BucketArguments {
         factor: 0.0,
         min_capacity: 0.0,
         lease: false,
+        ban: None,
     }
 }
 
@@ -19,6 +20,8 @@ fn bucket_reply(tokens: f64, sufficient: bool, booked: bool, multiplier: f64) ->
         sufficient,
         booked,
         multiplier,
+        banned: None,
+        ban_began: false,
     }
 }
 
@@ -53,21 +56,33 @@ fn arguments(command: &redis::Cmd) -> (Vec<String>, String) {
         let count = u32_of(take(&mut rest, 4));
         spelled.push(count.to_string());
         let mut leases = false;
+        let mut bans = Vec::new();
         for _ in 0..count {
             let numbers: Vec<f64> = (0..6).map(|_| f64_of(take(&mut rest, 8))).collect();
             leases |= numbers[3] == 2.0;
             spelled.extend(numbers.iter().map(f64::to_string));
+            let after = u32_of(take(&mut rest, 4));
+            spelled.push(after.to_string());
+            if after > 0 {
+                for _ in 0..2 {
+                    spelled.push(f64_of(take(&mut rest, 8)).to_string());
+                }
+            }
+            bans.push(after > 0);
         }
-        shapes.push((count, leases));
+        shapes.push((bans, leases));
     }
     while !rest.is_empty() {
         let shape = u32_of(take(&mut rest, 4));
         spelled.push(shape.to_string());
-        let (count, leases) = shapes[shape - 1];
-        for _ in 0..count {
+        let (bans, leases) = &shapes[shape - 1];
+        for banned in bans {
             spelled.push(u32_of(take(&mut rest, 4)).to_string());
+            if *banned {
+                spelled.push(u32_of(take(&mut rest, 4)).to_string());
+            }
         }
-        if leases {
+        if *leases {
             let length = u32_of(take(&mut rest, 4));
             spelled.push(String::from_utf8(take(&mut rest, length)).unwrap());
         }
@@ -112,11 +127,12 @@ fn keys_and_shapes_are_sent_once_each() {
         // The call's deadline in the server's time.
         "1700000000000000",
         // Four shapes: login's two buckets, then search's one (capacity, rate, cost,
-        // enforce, factor, min_capacity), then a delaying bucket (enforce: the tokens it
-        // may book down to) beside a shadow one, then a bucket and two slots (enforce 2)
-        // leased for a minute.
-        "4 2 5 1 1 1 0 0 100 1 2.5 1 0 0 1 5 1 1 1 0 0 2 5 1 1 -2.5 0 0 5 1 1 0 0 0",
-        "2 5 1 1 1 0 0 2 60000 1 2 0 0",
+        // enforce, factor, min_capacity, and no ban rule), then a delaying bucket (enforce:
+        // the tokens it may book down to) beside a shadow one, then a bucket and two slots
+        // (enforce 2) leased for a minute.
+        "4 2 5 1 1 1 0 0 0 100 1 2.5 1 0 0 0 1 5 1 1 1 0 0 0",
+        "2 5 1 1 -2.5 0 0 0 5 1 1 0 0 0 0",
+        "2 5 1 1 1 0 0 0 2 60000 1 2 0 0 0",
         // Per request: its shape, then its keys, then the name of its leases if it takes
         // slots.
         "1 1 2 1 3 2 2 1 3 3 2 4 1 4 f00d",
@@ -185,7 +201,15 @@ fn replies_are_split_by_request_and_parsed_strictly() {
     );
     let mut bad_flag = reply.clone();
     bad_flag[18] = 8;
-    assert!(call.parse_reply(&bad_flag).is_err(), "flags are 1, 2 and 4");
+    assert!(
+        call.parse_reply(&bad_flag).is_err(),
+        "an admitted request's bucket is not banned"
+    );
+    bad_flag[18] = 32;
+    assert!(
+        call.parse_reply(&bad_flag).is_err(),
+        "flags are 1, 2, 4, 8, 16"
+    );
     bad_flag[18] = 5;
     assert!(
         call.parse_reply(&bad_flag).is_err(),
@@ -250,4 +274,77 @@ fn a_booked_bucket_is_read_only_for_an_admitted_request() {
         call.parse_reply(&refused_but_booked).is_err(),
         "a refused request books nothing"
     );
+}
+
+#[test]
+fn a_bucket_with_a_ban_rule_sends_its_ban_key_and_reads_its_ban() {
+    let ban = Ban {
+        after: 3,
+        within: std::time::Duration::from_secs(60),
+        duration: std::time::Duration::from_millis(1500),
+    };
+    let guarded = [
+        BucketArguments {
+            ban: Some(ban),
+            ..bucket(5.0, 1.0)
+        },
+        bucket(100.0, 1.0),
+    ];
+    let mut call = DecideCall::for_requests(2);
+    call.push(["tg:login:h:aa", "tg:global"], &guarded, None);
+    call.push(["tg:login:h:bb", "tg:global"], &guarded, None);
+    let script = Script::new("return 1");
+    let (keys, sent) = arguments(&call.command(&script, 0));
+    assert_eq!(
+        keys[2..].join(" "),
+        "5 tg:login:h:aa {tg:login:h:aa}|ban tg:global tg:login:h:bb {tg:login:h:bb}|ban"
+    );
+    assert_eq!(
+        sent,
+        "0 1 2 5 1 1 1 0 0 3 60000000 1500000 100 1 1 1 0 0 0 1 1 2 3 1 4 5 3"
+    );
+
+    let double = |value: f64| value.to_le_bytes().to_vec();
+    let reply: Vec<u8> = [
+        double(1.7e15),
+        vec![0],
+        // Banned for 812.5 s more: refused, nothing charged.
+        vec![0],
+        double(4.0),
+        vec![1 | 8],
+        double(812.5),
+        double(99.0),
+        vec![1],
+        // This refusal began a ban.
+        vec![0],
+        double(0.2),
+        vec![16],
+        double(99.0),
+        vec![1],
+    ]
+    .concat();
+    let requests = call.parse_reply(&reply).unwrap().requests.unwrap();
+    let charge = Charge {
+        capacity: 5.0,
+        rate: 1.0,
+        cost: 1.0,
+        enforce: true,
+        period: None,
+        debt: 0.0,
+    };
+    let banned = requests[0].buckets[0].verdict(&charge);
+    assert!(banned.banned && !banned.sufficient && !banned.ban_began);
+    assert_eq!(banned.wait, 812.5);
+    let began = requests[1].buckets[0].verdict(&charge);
+    assert!(began.ban_began && !began.banned && !began.sufficient);
+    assert!((began.wait - 0.8).abs() < 1e-9);
+
+    let mut admitted_yet_banned = reply.clone();
+    admitted_yet_banned[9] = 1;
+    assert!(call.parse_reply(&admitted_yet_banned).is_err());
+    let mut began_while_sufficient = reply.clone();
+    let at = reply.len() - 10;
+    assert_eq!(began_while_sufficient[at], 16);
+    began_while_sufficient[at] = 17;
+    assert!(call.parse_reply(&began_while_sufficient).is_err());
 }

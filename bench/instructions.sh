@@ -9,6 +9,7 @@
 #   STORE=redis bench/instructions.sh    # row 5: the Redis store (starts its own redis-server)
 #   REFUSING=1 bench/instructions.sh     # row 6b: every request refused (429)
 #   MORE_FIELDS=1 bench/instructions.sh  # six more non-standard header fields per request
+#   CLOSE=1 bench/instructions.sh        # `Connection: close`: a TCP connection per request
 #   JWT=claim bench/instructions.sh      # every request carries an RS256 bearer token, and the
 #                                        # per-user limit is keyed by its verified `sub`;
 #                                        # JWT=header: the same token, the limit keyed by header
@@ -110,6 +111,9 @@ if [[ -n "${MORE_FIELDS:-}" ]]; then
   fields+=(-H 'sec-fetch-site: same-origin' -H 'sec-fetch-mode: cors' -H 'sec-fetch-dest: empty'
     -H 'sec-ch-ua-platform: Linux' -H 'x-requested-with: XMLHttpRequest'
     -H 'x-client-version: 1.2.3')
+fi
+if [[ -n "${CLOSE:-}" ]]; then
+  fields+=(-H 'connection: close')
 fi
 if [[ -n "${JWT:-}" ]]; then
   fields+=(-H "authorization: Bearer $token")

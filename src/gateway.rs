@@ -98,8 +98,9 @@ pub struct Connection {
     /// connections for.
     pub id: u64,
     pub peer: IpAddr,
-    /// The peer as an `X-Forwarded-For` entry, rendered once per connection.
-    pub peer_header: HeaderValue,
+    /// The peer as an `X-Forwarded-For` entry, rendered once per connection, when a request
+    /// is first forwarded (a connection whose requests are all refused never needs it).
+    peer_header: std::sync::OnceLock<HeaderValue>,
     /// `X-Forwarded-Proto` for the upstream.
     pub proto: &'static str,
     pub listener: Listener,
@@ -116,12 +117,18 @@ impl Connection {
         Connection {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             peer,
-            peer_header: upstream::peer_header(peer),
+            peer_header: std::sync::OnceLock::new(),
             proto,
             listener,
             ja4: None,
             origin: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The peer as an `X-Forwarded-For` entry.
+    pub fn peer_header(&self) -> &HeaderValue {
+        self.peer_header
+            .get_or_init(|| upstream::peer_header(self.peer))
     }
 }
 

@@ -83,33 +83,59 @@ pub(crate) async fn serve(
             header_read_timeout: settings.header_read_timeout,
             idle_timeout: settings.idle_timeout,
         };
-        gateway.shared.tasks.clone().spawn(async move {
-            if !tls {
-                let connection = Connection::new(peer, "http", listener_kind);
-                return serve_connection(stream, connection, gateway, builder, guards, shutdown)
-                    .await;
-            }
-            let Some(acceptor) = gateway.shared.tls.load_full() else {
-                return;
-            };
-            let handshake = acceptor.accept(HelloRecorder::new(stream));
-            match tokio::time::timeout(guards.header_read_timeout, handshake).await {
-                Ok(Ok(mut stream)) => {
-                    let mut connection = Connection::new(peer, "https", listener_kind);
-                    connection.ja4 = stream.get_mut().0.fingerprint().map(Arc::from);
-                    let guards = ConnectionGuards {
-                        own_http1: guards.own_http1
-                            && stream.get_ref().1.alpn_protocol() != Some(b"h2"),
-                        ..guards
-                    };
-                    serve_connection(stream, connection, gateway, builder, guards, shutdown).await;
-                }
-                Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-            }
-        });
+        // Spawned boxed: a task's cell is written when it is spawned and again when it ends,
+        // and a connection's future is kilobytes (a flood of one request per connection paid
+        // for three copies of it).
+        let tasks = gateway.shared.tasks.clone();
+        if tls {
+            let serving = serve_tls(
+                stream,
+                peer,
+                listener_kind,
+                gateway,
+                builder,
+                guards,
+                shutdown,
+            );
+            tasks.spawn(Box::pin(serving));
+        } else {
+            let connection = Connection::new(peer, "http", listener_kind);
+            let serving = serve_connection(stream, connection, gateway, builder, guards, shutdown);
+            tasks.spawn(Box::pin(serving));
+        }
     }
     tracing::info!("listener closed");
+}
+
+/// A TLS connection: its handshake (recording the ClientHello for its JA4) within the header
+/// read timeout, then its requests.
+async fn serve_tls(
+    stream: TcpStream,
+    peer: std::net::IpAddr,
+    listener_kind: Listener,
+    gateway: Gateway,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    guards: ConnectionGuards,
+    shutdown: watch::Receiver<bool>,
+) {
+    let Some(acceptor) = gateway.shared.tls.load_full() else {
+        return;
+    };
+    let handshake = acceptor.accept(HelloRecorder::new(stream));
+    match tokio::time::timeout(guards.header_read_timeout, handshake).await {
+        Ok(Ok(mut stream)) => {
+            let mut connection = Connection::new(peer, "https", listener_kind);
+            connection.ja4 = stream.get_mut().0.fingerprint().map(Arc::from);
+            let guards = ConnectionGuards {
+                own_http1: guards.own_http1 && stream.get_ref().1.alpn_protocol() != Some(b"h2"),
+                ..guards
+            };
+            let serving = serve_connection(stream, connection, gateway, builder, guards, shutdown);
+            Box::pin(serving).await;
+        }
+        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+    }
 }
 
 /// The next connection; `None` after a failed accept, once the listener has backed off:
@@ -160,7 +186,8 @@ async fn serve_connection<S>(
     let mut watchdog = Watchdog::new(activity.clone(), &guards);
     let mut buffer = BytesMut::new();
     if guards.own_http1 {
-        let ending = http1::serve(
+        // Boxed, as hyper's path is below: each is kilobytes, and only one serves at a time.
+        let ending = Box::pin(http1::serve(
             &mut stream,
             &mut buffer,
             &mut watchdog,
@@ -168,7 +195,7 @@ async fn serve_connection<S>(
             &guards,
             &gateway,
             &connection,
-        )
+        ))
         .await;
         if ending == http1::Ending::Closed {
             return;
@@ -192,7 +219,7 @@ async fn serve_connection<S>(
         watchdog: &mut watchdog,
         header_read_timeout: guards.header_read_timeout,
     };
-    guarded.serve(&builder, answer, peer, shutdown).await;
+    Box::pin(guarded.serve(&builder, answer, peer, shutdown)).await;
 }
 
 /// Serves a connection that the guards watch with hyper (for the admin listener, which has no

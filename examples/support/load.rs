@@ -4,6 +4,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The resident memory of process `pid`, in MiB (0 if it cannot be read).
+#[allow(dead_code)] // not every load example samples memory
 pub(crate) fn rss_mib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()

@@ -42,7 +42,7 @@ impl Gateway {
         let forwarding = upstream::Forwarding::new(
             scan.forwarded_for(&parts.headers),
             &exchange.request_id,
-            &connection.peer_header,
+            connection.peer_header(),
             connection.proto,
             routed.host.as_ref(),
             real_ip,
@@ -118,7 +118,7 @@ fn clean_fields<'c>(
         Some(client) if policy.client_ip.x_real_ip && client != connection.peer => {
             Some(Cow::Owned(upstream::peer_header(client)))
         }
-        Some(_) if policy.client_ip.x_real_ip => Some(Cow::Borrowed(&connection.peer_header)),
+        Some(_) if policy.client_ip.x_real_ip => Some(Cow::Borrowed(connection.peer_header())),
         _ => None,
     }
 }

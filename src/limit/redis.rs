@@ -32,15 +32,15 @@ mod cluster;
 mod decide_call;
 mod decision;
 mod key_admin;
-mod keys;
+pub(crate) mod keys;
 mod refund;
 mod server_clock;
 mod slots;
 mod token_lease;
 
 use batch::Batcher;
+pub use keys::slot;
 use keys::{group_by_slot, StoreKeys};
-pub use keys::{prefix_keeps_ban_keys_in_slot, slot};
 pub use refund::Refund;
 use server_clock::{LateCalls, ServerClock};
 pub use slots::{PendingSlotLeases, SlotLeases};

@@ -71,7 +71,7 @@ pub(super) fn compile_store(
                 );
             }
             if let Some(prefix) = raw.prefix.as_deref() {
-                if !crate::limit::redis::prefix_keeps_ban_keys_in_slot(prefix) {
+                if !crate::limit::redis::keys::prefix_keeps_ban_keys_in_slot(prefix) {
                     errors.at(
                         span.clone(),
                         "store.prefix",

@@ -67,17 +67,29 @@ impl RedisStore {
             }
         };
         call.success();
-        let hearing = self.hears_resets();
+        self.remember_refusals(requests, &keys, &decision, sent);
+        Ok((decision, leased))
+    }
+
+    /// What the deny cache learns from a decision sent at `sent`: buckets too empty, and keys
+    /// banned. Only while this replica hears resets, which are what lift them.
+    fn remember_refusals(
+        &self,
+        requests: &[BucketRequest<'_>],
+        keys: &StoreKeys,
+        decision: &Decision,
+        sent: Timestamp,
+    ) {
+        if !self.hears_resets() {
+            return;
+        }
         for ((request, key), verdict) in requests.iter().zip(keys.iter()).zip(decision.verdicts()) {
-            if !hearing {
-                break;
-            }
-            if verdict.banned || verdict.ban_began {
-                let left = match (verdict.banned, request.ban) {
-                    (true, _) => verdict.wait,
-                    (false, Some(ban)) => ban.duration.as_secs_f64(),
-                    (false, None) => continue,
-                };
+            let ban_left = match (verdict.banned, request.ban) {
+                (true, _) => Some(verdict.wait),
+                (false, Some(ban)) if verdict.ban_began => Some(ban.duration.as_secs_f64()),
+                _ => None,
+            };
+            if let Some(left) = ban_left {
                 if request.charge.enforce {
                     self.deny_cache.remember_ban(key, sent.after(left), sent);
                 }
@@ -96,7 +108,6 @@ impl RedisStore {
                 );
             }
         }
-        Ok((decision, leased))
     }
 
     /// A refusal decided locally, if the deny cache knows an enforcing bucket to be too empty

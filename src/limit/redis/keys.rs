@@ -96,7 +96,7 @@ pub(super) fn ban_key(key: &str) -> String {
 
 /// Whether bucket keys made with `prefix` keep their ban state in their own slot: a `}` in
 /// a prefix without a hash tag would end the tag [`ban_key`] makes early.
-pub fn prefix_keeps_ban_keys_in_slot(prefix: &str) -> bool {
+pub(crate) fn prefix_keeps_ban_keys_in_slot(prefix: &str) -> bool {
     hash_tag(prefix.as_bytes()).is_some() || !prefix.contains('}')
 }
 

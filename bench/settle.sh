@@ -15,6 +15,9 @@
 #
 #   bench/settle.sh                      # 3 rounds of 10 s per row, 32 connections, 500 streams
 #   BENCH_ROUNDS=5 STREAMS=1000 bench/settle.sh
+#   INSTRUCTIONS=1 bench/settle.sh       # instead: user-space instructions per request of each
+#                                        # row, counted by callgrind (steady where µs swing);
+#                                        # DUMP=DIR keeps each row's profile there
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/common.sh
@@ -25,6 +28,7 @@ ROUNDS=${BENCH_ROUNDS:-3}
 STREAMS=${STREAMS:-500}
 whole_numbers DURATION="$DURATION" CONNECTIONS="$CONNECTIONS" ROUNDS="$ROUNDS" STREAMS="$STREAMS"
 need_tools wrk taskset python3
+[[ -n "${INSTRUCTIONS:-}" ]] && need_tools valgrind callgrind_control callgrind_annotate
 
 cargo build --release --quiet --bin tollgate --example fast_upstream
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
@@ -53,6 +57,39 @@ path_prefix = "/"
 upstream = "app"
 limits = [{ limit = "org_tokens", cost = 1000 }]
 CONF
+
+if [[ -n "${INSTRUCTIONS:-}" ]]; then
+  RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 \
+    valgrind --tool=callgrind --compress-strings=no --compress-pos=no \
+    --callgrind-out-file="$work/callgrind.%p" \
+    ./target/release/tollgate --worker-threads 1 run --config "$work/policy.toml" \
+    >/dev/null 2>"$work/valgrind.log" &
+  gateway=$!
+  pids+=("$gateway")
+  wait_for_port "$port"
+  echo "row           requests  instructions/request  ÷plain"
+  dumps=0
+  for body in json sse; do
+    for route in plain settled; do
+      path=/$body
+      [[ $route == settled ]] && path=/settled/$body
+      taskset -c 0 wrk -t1 -c8 -d3s "http://127.0.0.1:$port$path" >/dev/null
+      callgrind_control --zero "$gateway" >/dev/null 2>&1
+      requests=$(taskset -c 0 wrk -t1 -c8 -d8s "http://127.0.0.1:$port$path" |
+        awk '/requests in/ {print $1}')
+      callgrind_control --dump "$gateway" >/dev/null 2>&1
+      dumps=$((dumps + 1))
+      total=$(callgrind_annotate "$work/callgrind.$gateway.$dumps" 2>/dev/null |
+        awk '/PROGRAM TOTALS/ && !seen {gsub(",", "", $1); print $1; seen = 1}')
+      per=$((total / requests))
+      [[ -n "${DUMP:-}" ]] && cp "$work/callgrind.$gateway.$dumps" "$DUMP/$route-$body.callgrind"
+      [[ $route == plain ]] && base=$per
+      printf "%-13s %8d %21d %7.2f\n" "$route-$body" "$requests" "$per" \
+        "$(awk -v a="$per" -v b="$base" 'BEGIN {print a / b}')"
+    done
+  done
+  exit 0
+fi
 
 start_gateway "$work/policy.toml" "$port"
 

@@ -117,17 +117,18 @@ impl Meter {
         limit: usize,
     ) -> Meter {
         let measures: PerMeasure<Measuring> = measures.into_iter().cloned().collect();
-        // Per measure, the JSON path it reads (the event scanner keeps their positions).
-        let json_paths: Vec<Option<JsonPath>> = measures
-            .iter()
-            .map(|measure| match measure {
-                Measuring::Json(path) => Some(path.clone()),
-                _ => None,
-            })
-            .collect();
-        let scan = if json_paths.iter().all(Option::is_none) {
+        let reads_json = |measure: &Measuring| matches!(measure, Measuring::Json(_));
+        let scan = if !measures.iter().any(reads_json) {
             BodyScan::None
         } else if is_event_stream(head) {
+            // Per measure, the JSON path it reads (the event scanner keeps their positions).
+            let json_paths = measures
+                .iter()
+                .map(|measure| match measure {
+                    Measuring::Json(path) => Some(path.clone()),
+                    _ => None,
+                })
+                .collect();
             BodyScan::Events(Box::new(EventScanner::new(json_paths, limit)))
         } else {
             BodyScan::json(limit)
@@ -175,9 +176,6 @@ impl Meter {
         self.bytes
     }
 
-    /// What the measure at `index` read from the response: a body field only from a body
-    /// that ended whole (a response cut short keeps its reservation), the bytes seen so far,
-    /// or the `elapsed_ms` given (from forwarding until now).
     /// Whether a measure is the upstream's time, which only the caller's clock knows.
     pub fn times_the_upstream(&self) -> bool {
         self.measures
@@ -185,6 +183,9 @@ impl Meter {
             .any(|measure| matches!(measure, Measuring::UpstreamMs))
     }
 
+    /// What the measure at `index` read from the response: a body field only from a body
+    /// that ended whole (a response cut short keeps its reservation), the bytes seen so far,
+    /// or the `elapsed_ms` given (from forwarding until now).
     pub fn reading(&self, index: usize, elapsed_ms: f64) -> Reading {
         match &self.measures[index] {
             Measuring::UpstreamMs => Reading::of(elapsed_ms),

@@ -52,7 +52,7 @@ struct Entry {
 
 impl Settlement {
     /// The settlement of the buckets the decision charged whose route limit settles; `None`
-    /// when there is none.
+    /// when there is none. Boxed: it is handed on three times before it settles.
     pub(super) fn of(
         shared: &Arc<Shared>,
         runtime: &Arc<Runtime>,
@@ -61,7 +61,7 @@ impl Settlement {
         charged: &[&crate::runtime::AppliedLimit],
         decider: Decider,
         sent: Instant,
-    ) -> Option<Settlement> {
+    ) -> Option<Box<Settlement>> {
         if decider == Decider::Nobody {
             return None;
         }
@@ -88,14 +88,16 @@ impl Settlement {
             .routes
             .iter()
             .position(|own| std::ptr::eq(own, route))?;
-        (!entries.is_empty()).then(|| Settlement {
-            shared: shared.clone(),
-            decider,
-            runtime: runtime.clone(),
-            route,
-            entries,
-            sent,
-            line: None,
+        (!entries.is_empty()).then(|| {
+            Box::new(Settlement {
+                shared: shared.clone(),
+                decider,
+                runtime: runtime.clone(),
+                route,
+                entries,
+                sent,
+                line: None,
+            })
         })
     }
 
@@ -105,7 +107,7 @@ impl Settlement {
     }
 
     /// The response, with a body that settles when it ends.
-    pub(super) fn meter(self, response: Response<Body>, limit: usize) -> Response<Body> {
+    pub(super) fn meter(self: Box<Self>, response: Response<Body>, limit: usize) -> Response<Body> {
         let route = &self.runtime.routes[self.route];
         let measures = self
             .entries
@@ -125,7 +127,7 @@ impl Settlement {
 
     /// Settles what `meter` measured (`ended`: the body ended whole): at once in process
     /// memory, or by a task whose Redis call the returned handle waits for.
-    fn start(self, meter: &Meter, ended: bool) -> Option<JoinHandle<()>> {
+    fn start(self: Box<Self>, meter: &Meter, ended: bool) -> Option<JoinHandle<()>> {
         // The clock is read only for a measure that needs it.
         let elapsed_ms = if meter.times_the_upstream() {
             clock::elapsed(self.sent).as_secs_f64() * 1e3
@@ -283,7 +285,7 @@ struct SettlingBody {
     inner: Body,
     meter: Meter,
     /// Taken when the settlement starts.
-    settlement: Option<Settlement>,
+    settlement: Option<Box<Settlement>>,
     state: State,
 }
 

@@ -222,27 +222,20 @@ impl<'a> Document<'a> {
     fn string(&mut self, keep: bool) -> Parsed<()> {
         loop {
             self.peek().ok_or(Malformed)?;
-            let (run, stop) = match memchr::memchr2(b'"', b'\\', self.frame) {
-                Some(at) => (&self.frame[..at], Some(self.frame[at])),
-                None => (self.frame, None),
-            };
-            if has_control(run) {
-                return Err(Malformed);
-            }
+            let at = plain_run(self.frame);
             if keep {
-                self.scratch.extend_from_slice(run);
+                self.scratch.extend_from_slice(&self.frame[..at]);
             }
-            self.frame = &self.frame[run.len()..];
+            let Some(&stop) = self.frame.get(at) else {
+                self.frame = &[];
+                continue;
+            };
+            self.frame = &self.frame[at + 1..];
             match stop {
-                None => continue,
-                Some(b'"') => {
-                    self.frame = &self.frame[1..];
-                    return Ok(());
-                }
-                Some(_) => {
-                    self.frame = &self.frame[1..];
-                    self.escape(keep)?;
-                }
+                b'"' => return Ok(()),
+                b'\\' => self.escape(keep)?,
+                // A control character, which a string must escape.
+                _ => return Err(Malformed),
             }
         }
     }
@@ -302,6 +295,20 @@ impl<'a> Document<'a> {
 
     /// Whether an object's key (its opening quote read) is `segment`, escapes decoded.
     fn key_is(&mut self, segment: &str) -> Parsed<bool> {
+        // Nearly every key is plain and lies within the frame: compared where it is.
+        let at = plain_run(self.frame);
+        if self.frame.get(at) == Some(&b'"') {
+            let key = &self.frame[..at];
+            self.frame = &self.frame[at + 1..];
+            if key == segment.as_bytes() {
+                return Ok(true);
+            }
+            // As an escaped key is: one that is not UTF-8 is no JSON.
+            if !key.is_ascii() && std::str::from_utf8(key).is_err() {
+                return Err(Malformed);
+            }
+            return Ok(false);
+        }
         self.scratch.clear();
         self.string(true)?;
         std::str::from_utf8(&self.scratch).map_err(|_| Malformed)?;
@@ -365,10 +372,16 @@ impl<'a> Document<'a> {
     }
 }
 
-/// Whether `bytes` hold a control character, which a string must escape. Their least byte
-/// is found a vector at a time (no early exit), and compared once.
-fn has_control(bytes: &[u8]) -> bool {
-    bytes.iter().fold(u8::MAX, |least, &byte| least.min(byte)) < 0x20
+/// How many bytes at the start of `bytes` a string holds as they are: up to its closing quote,
+/// an escape or a control character (which a string must escape).
+fn plain_run(bytes: &[u8]) -> usize {
+    let end = memchr::memchr2(b'"', b'\\', bytes).unwrap_or(bytes.len());
+    let run = &bytes[..end];
+    // The least byte is found a vector at a time (no early exit), and compared once.
+    if run.iter().fold(u8::MAX, |least, &byte| least.min(byte)) < 0x20 {
+        return run.iter().position(|&byte| byte < 0x20).unwrap_or(end);
+    }
+    end
 }
 
 #[cfg(test)]

@@ -83,6 +83,36 @@ fn frames_split_anywhere_read_as_the_whole() {
     }
 }
 
+#[test]
+fn keys_on_the_path_are_read_as_serde_json_reads_them_in_place_or_not() {
+    let documents: [&[u8]; 7] = [
+        b"{\"us\xffge\":1,\"n\":7}",
+        b"{\"caf\xc3\xa9\":1,\"n\":7}",
+        b"{\"a\tb\":1,\"n\":7}",
+        b"{\"usage\":{\"n\":7}}",
+        b"{\"usag\":1,\"usagee\":2,\"usage\":{\"n\":7}}",
+        b"{\"\":{},\"usage\":{\"n\":7}}",
+        b"{\"usage\":{\"n\":7},\"us\\u0061ge\":{}}",
+    ];
+    for document in documents {
+        for path in ["n", "usage.n"] {
+            let path_read = JsonPath::new(path);
+            assert_eq!(
+                number_in(document, &path_read),
+                oracle(document, path),
+                "{} at {path}",
+                String::from_utf8_lossy(document)
+            );
+        }
+    }
+    // A control character in a key, a key not UTF-8: no JSON, whatever the path.
+    assert_eq!(read("{\"a\tb\":1,\"n\":7}", "n"), Reading::Invalid);
+    assert_eq!(
+        number_in(b"{\"\xff\":1,\"n\":7}", &JsonPath::new("n")),
+        Reading::Invalid
+    );
+}
+
 /// A JSON-ish document: valid JSON from the generator, sometimes broken by a mutation.
 fn documents() -> impl Strategy<Value = String> {
     let key = prop::sample::select(vec!["usage", "total_tokens", "n", "us\\u0061ge", "a", ""]);

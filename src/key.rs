@@ -318,7 +318,11 @@ fn value_of<'f>(
                 .headers
                 .get_all(name)
                 .iter()
-                .map(|value| trimmed(String::from_utf8_lossy(value.as_bytes())))
+                .map(|value| match value.to_str() {
+                    // Visible ASCII and tabs, the usual value: Unicode's trim is ASCII's here.
+                    Ok(text) => Cow::Borrowed(text.trim_ascii()),
+                    Err(_) => trimmed(String::from_utf8_lossy(value.as_bytes())),
+                })
                 .filter(|value| !value.is_empty());
             values.next().map(|first| match values.next() {
                 None => first,

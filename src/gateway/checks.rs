@@ -161,10 +161,16 @@ fn is_valid_host(value: &[u8]) -> bool {
         }
         _ => (value, None),
     };
+    // Digits whose number fits 16 bits (leading zeros allowed, as `u16`'s parser allows them).
     let port_valid = port.is_none_or(|port| {
         !port.is_empty()
-            && port.iter().all(u8::is_ascii_digit)
-            && std::str::from_utf8(port).is_ok_and(|port| port.parse::<u16>().is_ok())
+            && port
+                .iter()
+                .try_fold(0u32, |number, byte| {
+                    let number = number * 10 + u32::from(byte.wrapping_sub(b'0'));
+                    (byte.is_ascii_digit() && number <= u32::from(u16::MAX)).then_some(number)
+                })
+                .is_some()
     });
     let host_valid = match host {
         [b'[', address @ .., b']'] => std::str::from_utf8(address)
@@ -297,12 +303,15 @@ mod tests {
             "[2001:db8::1]:443",
             "a_b~c-d.e",
             "x:65535",
+            "x:0000080",
         ];
         let invalid = [
             "",
             ":80",
             "a:",
             "a:65536",
+            "a:4294967376",
+            "a:8a",
             "a:+80",
             "a:b:c",
             "user@host",

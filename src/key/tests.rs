@@ -288,3 +288,32 @@ fn network_owner_country_and_fingerprint_keys() {
         ));
     }
 }
+
+#[test]
+fn header_values_are_trimmed_alike_in_ascii_and_beyond() {
+    let p = policy("[limits.user]\nkey = { header = \"X-User-Id\" }\ncapacity = 1\nrate = \"1/s\"");
+    let user = p.limit("user").unwrap();
+    let key = |value: &[u8]| {
+        let mut headers = HeaderMap::new();
+        headers.append("x-user-id", http::HeaderValue::from_bytes(value).unwrap());
+        extract(
+            user,
+            &facts(&headers, None, ""),
+            &KeyHasher::from_secret(b"test secret value"),
+        )
+        .unwrap()
+    };
+    let bob = key(b"bob");
+    assert!(bob.is_some());
+    assert_eq!(key(b" \tbob\t "), bob, "spaces and tabs around");
+    assert_eq!(
+        key("\u{a0}bob\u{a0}".as_bytes()),
+        bob,
+        "no-break spaces around"
+    );
+    let accented = key("b\u{f3}b".as_bytes());
+    assert!(accented.is_some());
+    assert_ne!(accented, bob);
+    assert_ne!(key(b"b\xf3b"), bob, "bytes that are not UTF-8 still key");
+    assert_eq!(key(b" \t "), None, "only blanks: missing");
+}

@@ -25,9 +25,12 @@ wait_for_port() {
 }
 
 # three_limit_policy PORT ADMIN_PORT UPSTREAM_PORT STORE_SECTION CAPACITY RATE [GLOBAL_EXTRA]
+#   [ROUTE_LIMITS]
 # A route with a client-network, a header and a global limit (GLOBAL_EXTRA: more of the global
-# limit's settings, such as a lease).
+# limit's settings, such as a lease; ROUTE_LIMITS: the quoted names the route applies, all
+# three unless given).
 three_limit_policy() {
+  local all='"per_network", "per_user", "everyone"'
   cat <<CONF
 [server]
 listen = ["127.0.0.1:$1"]
@@ -53,7 +56,7 @@ ${7:-}
 name = "bench"
 path_prefix = "/"
 upstream = "app"
-limits = ["per_network", "per_user", "everyone"]
+limits = [${8:-$all}]
 CONF
 }
 

@@ -45,32 +45,7 @@ LUA
 # policy NAME PORT CAPACITY RATE LIMITS: one route over LIMITS (of per_network, per_user and
 # everyone, each CAPACITY tokens refilled at RATE), written to $work/NAME.toml.
 policy() {
-  local name=$1 port=$2 capacity=$3 rate=$4 limits=$5
-  cat > "$work/$name.toml" <<CONF
-[server]
-listen = ["127.0.0.1:$port"]
-[admin]
-listen = "127.0.0.1:$(free_port)"
-[upstreams.app]
-url = "http://127.0.0.1:$upstream_port"
-[limits.per_network]
-key = "client_network"
-capacity = $capacity
-rate = "$rate"
-[limits.per_user]
-key = { header = "x-user-id" }
-capacity = $capacity
-rate = "$rate"
-[limits.everyone]
-key = "global"
-capacity = $capacity
-rate = "$rate"
-[[routes]]
-name = "bench"
-path_prefix = "/"
-upstream = "app"
-limits = [$limits]
-CONF
+  three_limit_policy "$2" "$(free_port)" "$upstream_port" "" "$3" "$4" "" "$5" > "$work/$1.toml"
 }
 
 # start_proxy KIND NAME [ZONE DIRECTIVES]: nginx (one worker, serving in its master process

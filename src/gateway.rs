@@ -160,6 +160,46 @@ struct Forwarded {
     sent: std::time::Instant,
 }
 
+/// How a listener's requests are answered, chosen once per connection: a connection's future
+/// then holds its own listener's request future only (the decision listener's is the larger,
+/// and a connection's future is copied whole when it starts).
+pub(crate) trait Answering {
+    fn answer<'a>(
+        gateway: &'a Gateway,
+        request: Request<RequestBody>,
+        connection: &'a Connection,
+        fields: &'a mut SetFields,
+    ) -> impl std::future::Future<Output = Response<Body>> + Send + 'a;
+}
+
+/// The proxy listener's requests: decided and forwarded.
+pub(crate) struct Proxying;
+
+/// The decision listener's questions: decided, never forwarded.
+pub(crate) struct Deciding;
+
+impl Answering for Proxying {
+    fn answer<'a>(
+        gateway: &'a Gateway,
+        request: Request<RequestBody>,
+        connection: &'a Connection,
+        fields: &'a mut SetFields,
+    ) -> impl std::future::Future<Output = Response<Body>> + Send + 'a {
+        gateway.answer(request, connection, fields)
+    }
+}
+
+impl Answering for Deciding {
+    fn answer<'a>(
+        gateway: &'a Gateway,
+        request: Request<RequestBody>,
+        connection: &'a Connection,
+        fields: &'a mut SetFields,
+    ) -> impl std::future::Future<Output = Response<Body>> + Send + 'a {
+        gateway.answer_asking(request, connection, fields)
+    }
+}
+
 impl Gateway {
     /// Answers one request; never fails (rejections become responses).
     pub async fn handle(

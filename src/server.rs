@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 use crate::config::{Http1Path, ServerSettings};
 use crate::errors::StartError;
-use crate::gateway::{Connection, Gateway, Listener, RequestBody};
+use crate::gateway::{Connection, Deciding, Gateway, Listener, Proxying, RequestBody};
 use crate::limit::clock;
 use crate::respond::SetFields;
 use client_hello::HelloRecorder;
@@ -187,16 +187,19 @@ async fn serve_connection<S>(
     let mut buffer = BytesMut::new();
     if guards.own_http1 {
         // Boxed, as hyper's path is below: each is kilobytes, and only one serves at a time.
-        let ending = Box::pin(http1::serve(
-            &mut stream,
-            &mut buffer,
-            &mut watchdog,
-            &shutdown,
-            &guards,
-            &gateway,
-            &connection,
-        ))
-        .await;
+        let own = http1::Accepted {
+            io: &mut stream,
+            buffer: &mut buffer,
+            watchdog: &mut watchdog,
+            shutdown: &shutdown,
+            guards: &guards,
+            gateway: &gateway,
+            connection: &connection,
+        };
+        let ending = match connection.listener {
+            Listener::Proxy => Box::pin(http1::serve::<_, Proxying>(own)).await,
+            Listener::Decision => Box::pin(http1::serve::<_, Deciding>(own)).await,
+        };
         if ending == http1::Ending::Closed {
             return;
         }

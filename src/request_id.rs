@@ -1,6 +1,6 @@
 //! `X-Request-Id`: the client's when it is reasonable, else a UUIDv7 made here (RFC 9562):
-//! the time in milliseconds, then random bits, so ids sort by time and say nothing of how many
-//! requests came between two of them.
+//! the time in milliseconds and its fraction, then random bits, so ids sort by time and say
+//! nothing of how many requests came between two of them.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -71,24 +71,27 @@ impl RequestIds {
                 return RequestId::Client(id.clone());
             }
         }
-        let millis = crate::limit::clock::system_time()
+        let since = crate::limit::clock::system_time()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_millis() as u64);
+            .unwrap_or_default();
+        // RFC 9562's method 3: the 12 bits after the milliseconds hold the millisecond's
+        // fraction, so one keyed hash gives all the random bits left.
+        let fraction = u64::from(since.subsec_nanos() % 1_000_000) * 4096 / 1_000_000;
         let sequence = self.counter.fetch_add(1, Ordering::Relaxed);
-        let random = (u128::from(self.key.hash_one(sequence)) << 64)
-            | u128::from(self.key.hash_one(!sequence));
-        RequestId::Made(uuid_v7(millis, random))
+        let random = self.key.hash_one(sequence);
+        RequestId::Made(uuid_v7(since.as_millis() as u64, fraction, random))
     }
 }
 
-/// A UUIDv7: 48 bits of Unix milliseconds, the version, 12 random bits, the variant, 62 random
-/// bits, written `xxxxxxxx-xxxx-7xxx-yxxx-xxxxxxxxxxxx`.
-fn uuid_v7(millis: u64, random: u128) -> [u8; 36] {
+/// A UUIDv7: 48 bits of Unix milliseconds, the version, 12 bits of `rand_a` (here the
+/// millisecond's fraction), the variant, 62 random bits, written
+/// `xxxxxxxx-xxxx-7xxx-yxxx-xxxxxxxxxxxx`.
+fn uuid_v7(millis: u64, rand_a: u64, random: u64) -> [u8; 36] {
     let time = u128::from(millis & 0xffff_ffff_ffff) << 80;
     let version = 0x7u128 << 76;
-    let rand_a = ((random >> 64) & 0xfff) << 64;
+    let rand_a = u128::from(rand_a & 0xfff) << 64;
     let variant = 0b10u128 << 62;
-    let rand_b = random & 0x3fff_ffff_ffff_ffff;
+    let rand_b = u128::from(random & 0x3fff_ffff_ffff_ffff);
     let bytes = (time | version | rand_a | variant | rand_b).to_be_bytes();
     let mut text = [b'-'; 36];
     for (from, to) in [
@@ -134,7 +137,7 @@ mod tests {
     #[test]
     fn the_time_and_the_random_bits_land_where_rfc_9562_puts_them() {
         // RFC 9562 appendix A.6's example: 2022-02-22 19:22:22 UTC, 0x017F22E279B0 ms.
-        let id = uuid_v7(0x017F_22E2_79B0, (0x0CC3u128 << 64) | 0x18C4_DC0C_0C07_398F);
+        let id = uuid_v7(0x017F_22E2_79B0, 0x0CC3, 0x18C4_DC0C_0C07_398F);
         assert_eq!(
             std::str::from_utf8(&id).unwrap(),
             "017f22e2-79b0-7cc3-98c4-dc0c0c07398f"

@@ -237,6 +237,29 @@ fn the_digest_depends_on_the_secret() {
 }
 
 #[test]
+fn a_remembered_digest_is_the_digest_of_that_value_only() {
+    let hasher = KeyHasher::from_secret(b"one secret value");
+    let longest = "m".repeat(REMEMBERED);
+    let longer = "m".repeat(REMEMBERED + 1);
+    let values: [&[u8]; 10] = [
+        b"alice",
+        b"alice",
+        b"alic",
+        b"alice\0",
+        b"",
+        b"alice",
+        longest.as_bytes(),
+        longer.as_bytes(),
+        longest.as_bytes(),
+        b"bob",
+    ];
+    for value in values {
+        assert_eq!(hasher.digest(value), hasher.hash(value), "{value:?}");
+    }
+    assert_ne!(hasher.digest(b"alice"), hasher.digest(b"alicf"));
+}
+
+#[test]
 fn network_owner_country_and_fingerprint_keys() {
     let p = policy("[limits.c]\nkey = \"client_network\"\ncapacity = 1\nrate = \"1/s\"");
     let mut limit = p.limit("c").unwrap().clone();

@@ -16,12 +16,14 @@ mod svg;
 mod time;
 mod timeline;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::rc::Rc;
 
 use http::Method;
 
-use crate::config::{KeySource, Limit, Policy};
+use crate::config::{KeySource, Limit, Policy, Route, RouteLimit};
 use crate::geoip::Origin;
 use crate::key::KeyHasher;
 use crate::limit::{bucket, BucketState, Charge, KeyPart, Timestamp, Verdicts};
@@ -36,16 +38,12 @@ pub use timeline::Timeline;
 /// A hasher that is the same in every run, so that a report's order of equal keys is too.
 type Hasher = foldhash::fast::FixedState;
 
-/// Replays lines against `policy`; lines must come in time order (a log's order).
+/// Replays lines against `policy`, in whatever order their times come (a bucket's moment only
+/// moves forward, as in the gateway).
 pub struct Replay<'p> {
     policy: &'p Policy,
-    /// Per limit of the policy: its keys and their buckets.
-    keys: Vec<KeyTable>,
-    /// Per route, per entry: the limit's index in the policy (buckets are the limit's, whatever
-    /// route charges them).
-    limit_indexes: Vec<Vec<usize>>,
-    /// Per (route, limit): what the report tells.
-    pub(crate) tallies: Vec<Vec<report::Tally>>,
+    /// The policy's routes, in match order, each with its limits' keys and tallies.
+    pub(crate) routes: Vec<ReplayedRoute<'p>>,
     pub(crate) lines: u64,
     pub(crate) bad_lines: Vec<(u64, String)>,
     pub(crate) bad_line_count: u64,
@@ -56,6 +54,26 @@ pub struct Replay<'p> {
     /// Hashes values a log recorded (a header, cookie or query parameter) into keys, as the
     /// gateway does: with the policy's `hash_key` they read as the gateway's store keys.
     hasher: KeyHasher,
+}
+
+/// A route as the replay decides it.
+pub(crate) struct ReplayedRoute<'p> {
+    pub(crate) route: &'p Route,
+    pub(crate) entries: Vec<ReplayedEntry<'p>>,
+}
+
+impl AsRef<Route> for ReplayedRoute<'_> {
+    fn as_ref(&self) -> &Route {
+        self.route
+    }
+}
+
+/// One limit of a route: the limit's keys and buckets (shared by every route that names it,
+/// as the gateway's buckets are), and what the report tells of this route's use of it.
+pub(crate) struct ReplayedEntry<'p> {
+    pub(crate) entry: &'p RouteLimit,
+    pub(crate) keys: Rc<RefCell<KeyTable>>,
+    pub(crate) tally: report::Tally,
 }
 
 /// One limit's keys, each numbered once: a line's key is looked up, never copied.
@@ -84,9 +102,8 @@ impl KeyTable {
 #[derive(Default)]
 struct Scratch {
     charges: Vec<Charge>,
-    /// Per charge: the limit's index in the policy, the key's number, the entry's position in
-    /// the route.
-    buckets: Vec<(usize, u32, usize)>,
+    /// Per charge: the entry's position in the route, the key's number in its limit's table.
+    buckets: Vec<(usize, u32)>,
     states: Vec<Option<BucketState>>,
     verdicts: Verdicts,
     /// Per charge: what the response settled it to, when the log says.
@@ -96,32 +113,26 @@ struct Scratch {
 
 impl<'p> Replay<'p> {
     pub fn new(policy: &'p Policy) -> Replay<'p> {
-        let index_of = |limit: &std::sync::Arc<Limit>| {
-            policy
-                .limits
-                .iter()
-                .position(|known| std::sync::Arc::ptr_eq(known, limit))
-                .unwrap_or(0)
-        };
+        let mut tables: HashMap<&str, Rc<RefCell<KeyTable>>> = HashMap::new();
+        let routes = policy
+            .routes
+            .iter()
+            .map(|route| ReplayedRoute {
+                route,
+                entries: route
+                    .limits
+                    .iter()
+                    .map(|entry| ReplayedEntry {
+                        entry,
+                        keys: tables.entry(&entry.limit.name).or_default().clone(),
+                        tally: report::Tally::default(),
+                    })
+                    .collect(),
+            })
+            .collect();
         Replay {
             policy,
-            keys: policy.limits.iter().map(|_| KeyTable::default()).collect(),
-            limit_indexes: policy
-                .routes
-                .iter()
-                .map(|route| {
-                    route
-                        .limits
-                        .iter()
-                        .map(|entry| index_of(&entry.limit))
-                        .collect()
-                })
-                .collect(),
-            tallies: policy
-                .routes
-                .iter()
-                .map(|route| route.limits.iter().map(|_| Default::default()).collect())
-                .collect(),
+            routes,
             lines: 0,
             bad_lines: Vec::new(),
             bad_line_count: 0,
@@ -157,78 +168,38 @@ impl<'p> Replay<'p> {
         };
         let normalized = path::normalize(&line.path);
         let match_path = path::for_matching(&normalized, self.policy.server.path_matching);
-        let routes = &self.policy.routes;
         let host = line.host.as_deref().map(route::host_name);
-        let Some(route_index) = route::find(routes, host.as_deref(), &method, &match_path)
-            .and_then(|found| routes.iter().position(|route| std::ptr::eq(route, found)))
+        let client = self.client(line);
+        let Some(route) = route::find_mut(&mut self.routes, host.as_deref(), &method, &match_path)
         else {
             self.unrouted += 1;
             return;
         };
-        let client = self.client(line);
+        let now = Timestamp((line.time.max(0.0) * 1e9) as u64);
+        let scratch = &mut self.scratch;
+        charge_entries(route, line, client, &self.hasher, scratch);
         let Scratch {
             charges,
             buckets,
             states,
             verdicts,
             settled,
-            network_key,
-        } = &mut self.scratch;
-        charges.clear();
-        buckets.clear();
-        settled.clear();
-        let mut logged_keys = line.logged_keys();
-        for (position, entry) in routes[route_index].limits.iter().enumerate() {
-            let limit = &*entry.limit;
-            let tally = &mut self.tallies[route_index][position];
-            tally.requests += 1;
-            // An exempt client has no bucket, whatever its key.
-            let exempt = client.is_some_and(|client| key::exempts(limit, client, line.origin));
-            if exempt {
-                continue;
-            }
-            let found = key_of(limit, &mut logged_keys, client, network_key)
-                .map(std::borrow::Cow::Borrowed)
-                .or_else(|| {
-                    key_from_logged_values(limit, line, client, &self.hasher)
-                        .map(std::borrow::Cow::Owned)
-                });
-            let Some(key) = found.as_deref() else {
-                tally.not_replayable += 1;
-                continue;
-            };
-            // A settled cost is replayed as it happened: its reservation decides, then the
-            // difference to what the response settled is charged.
-            let logged = entry
-                .settle
-                .as_ref()
-                .and(line.costs.as_ref())
-                .and_then(|costs| costs.of(&limit.name));
-            let cost = logged.map_or(entry.cost, |(reserved, _)| reserved);
-            let Some(charge) = limit.charge(None, cost, 1.0, || line.time) else {
-                continue;
-            };
-            let limit_index = self.limit_indexes[route_index][position];
-            charges.push(charge);
-            settled.push(logged.map(|(_, settled)| settled));
-            buckets.push((limit_index, self.keys[limit_index].number(key), position));
-        }
+            ..
+        } = scratch;
         states.clear();
         states.extend(
-            buckets
-                .iter()
-                .map(|&(limit, key, _)| self.keys[limit].buckets[key as usize]),
+            buckets.iter().map(|&(position, key)| {
+                route.entries[position].keys.borrow().buckets[key as usize]
+            }),
         );
-        let now = Timestamp((line.time.max(0.0) * 1e9) as u64);
         let admitted = bucket::decide(charges, states, now, verdicts);
-        for ((((&(limit, key, position), state), verdict), charge), settled) in buckets
-            .iter()
-            .zip(states.iter_mut())
-            .zip(verdicts.iter())
-            .zip(charges.iter())
-            .zip(settled.iter())
+        let decided = buckets.iter().zip(states.iter_mut()).zip(verdicts.iter());
+        for ((((&(position, key), state), verdict), charge), settled) in
+            decided.zip(charges.iter()).zip(settled.iter())
         {
             let paid = admitted && (verdict.sufficient || verdict.booked);
+            // A settled cost is replayed as it happened: its reservation decided, then the
+            // difference to what the response settled is charged.
             let charge = match settled {
                 Some(settled) if paid => {
                     *state = Some(bucket::charge_after(
@@ -244,13 +215,13 @@ impl<'p> Replay<'p> {
                 }
                 _ => *charge,
             };
-            let keys = &mut self.keys[limit];
-            keys.usage[key as usize].record(line.time, &charge);
+            let replayed = &mut route.entries[position];
+            let mut keys = replayed.keys.borrow_mut();
+            keys.usage[key as usize].record(now, &charge);
             if state.is_some() {
                 keys.buckets[key as usize] = *state;
             }
-            let refused = !verdict.sufficient;
-            self.tallies[route_index][position].record(key, line.time, refused);
+            replayed.tally.record(key, line.time, !verdict.sufficient);
         }
     }
 
@@ -271,6 +242,51 @@ impl<'p> Replay<'p> {
     /// What the replay found.
     pub fn report(&self) -> Report {
         report::report(self)
+    }
+}
+
+/// One charge per limit of `route` that applies to `line`, into `scratch` (a limit whose key
+/// the log does not carry is counted as not replayable; an exempt client has no bucket).
+fn charge_entries(
+    route: &mut ReplayedRoute<'_>,
+    line: &LogLine<'_>,
+    client: Option<IpAddr>,
+    hasher: &KeyHasher,
+    scratch: &mut Scratch,
+) {
+    scratch.charges.clear();
+    scratch.buckets.clear();
+    scratch.settled.clear();
+    let mut logged_keys = line.logged_keys();
+    for (position, replayed) in route.entries.iter_mut().enumerate() {
+        let limit = &*replayed.entry.limit;
+        replayed.tally.requests += 1;
+        if client.is_some_and(|client| key::exempts(limit, client, line.origin)) {
+            continue;
+        }
+        let found = key_of(limit, &mut logged_keys, client, &mut scratch.network_key)
+            .map(std::borrow::Cow::Borrowed)
+            .or_else(|| {
+                key_from_logged_values(limit, line, client, hasher).map(std::borrow::Cow::Owned)
+            });
+        let Some(key) = found.as_deref() else {
+            replayed.tally.not_replayable += 1;
+            continue;
+        };
+        let logged = replayed
+            .entry
+            .settle
+            .as_ref()
+            .and(line.costs.as_ref())
+            .and_then(|costs| costs.of(&limit.name));
+        let cost = logged.map_or(replayed.entry.cost, |(reserved, _)| reserved);
+        let Some(charge) = limit.charge(None, cost, 1.0, || line.time) else {
+            continue;
+        };
+        let number = replayed.keys.borrow_mut().number(key);
+        scratch.charges.push(charge);
+        scratch.settled.push(logged.map(|(_, settled)| settled));
+        scratch.buckets.push((position, number));
     }
 }
 

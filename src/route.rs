@@ -21,6 +21,18 @@ pub fn find<'r, R: AsRef<Route>>(
         .find(|route| matches(route.as_ref(), host, method, path))
 }
 
+/// [`find`], for routes whose state the caller updates (a replay's tallies).
+pub fn find_mut<'r, R: AsRef<Route>>(
+    routes: &'r mut [R],
+    host: Option<&str>,
+    method: &Method,
+    path: &MatchPath<'_>,
+) -> Option<&'r mut R> {
+    routes
+        .iter_mut()
+        .find(|route| matches((**route).as_ref(), host, method, path))
+}
+
 fn matches(route: &Route, host: Option<&str>, method: &Method, path: &MatchPath<'_>) -> bool {
     if let Some(expected) = &route.host {
         if host != Some(expected.as_str()) {

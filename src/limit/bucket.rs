@@ -268,6 +268,19 @@ pub fn decide(
     admitted
 }
 
+/// What a bucket of no capacity (that refills at `charge`'s rate and never refuses) owes after
+/// a request of `charge` at `now`: the smallest capacity that would never have refused the
+/// requests so far is the most it ever owed. Decided by the rule every decision follows
+/// (`tokens_at`, `counted`), so a replay's suggestion holds when replayed.
+pub fn owed(state: Option<BucketState>, charge: &Charge, now: Timestamp) -> BucketState {
+    let owing = Charge {
+        capacity: 0.0,
+        ..*charge
+    };
+    let tokens = tokens_at(state, &owing, now) - charge.cost;
+    counted(&owing, tokens, now, state)
+}
+
 /// Charges `extra` tokens after the response (`charge_on_status`). The bucket may go into
 /// debt, down to `-capacity`: an expensive outcome is not free because the bucket was nearly
 /// empty, and the debt must refill before the next admit. A negative `extra` gives tokens

@@ -6,26 +6,26 @@ use std::collections::HashMap;
 use serde_json::json;
 
 use super::{Hasher, Replay, Timeline};
-use crate::limit::Charge;
+use crate::limit::{bucket, BucketState, Charge, Timestamp};
 
-/// One key's use of its limit's bucket, over every route that charges it.
+/// One key's use of its limit's bucket, over every route that charges it: what a bucket of no
+/// capacity would owe (`bucket::owed`, the decisions' own rule), and the most it ever owed,
+/// the smallest capacity that never refuses the key.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct KeyUsage {
-    /// The most tokens the key's requests ever took beyond the refill (the smallest capacity
-    /// that never refuses it), and that running figure at `last`.
+    owed: Option<BucketState>,
     needed: f64,
-    running: f64,
-    last: f64,
 }
 
 impl KeyUsage {
-    /// A request at `time` (seconds) with its charge (a quota refills nothing: it gets no
-    /// suggestion).
-    pub(crate) fn record(&mut self, time: f64, charge: &Charge) {
-        let refilled = (time - self.last).max(0.0) * charge.rate;
-        self.running = charge.cost.max(self.running - refilled + charge.cost);
-        self.needed = self.needed.max(self.running);
-        self.last = time;
+    /// A request at `now` with its charge (a quota refills nothing: it gets no suggestion).
+    pub(crate) fn record(&mut self, now: Timestamp, charge: &Charge) {
+        if charge.period.is_some() {
+            return;
+        }
+        let owed = bucket::owed(self.owed, charge, now);
+        self.needed = self.needed.max(-owed.tokens);
+        self.owed = Some(owed);
     }
 }
 
@@ -105,10 +105,11 @@ pub struct Report {
 
 pub(super) fn report(replay: &Replay<'_>) -> Report {
     let mut limits = Vec::new();
-    let routes = replay.policy.routes.iter().zip(&replay.tallies);
-    for ((route, tallies), limit_indexes) in routes.zip(&replay.limit_indexes) {
-        for ((entry, tally), limit_index) in route.limits.iter().zip(tallies).zip(limit_indexes) {
-            let keys = &replay.keys[*limit_index];
+    for replayed_route in &replay.routes {
+        let route = replayed_route.route;
+        for replayed in &replayed_route.entries {
+            let (entry, tally) = (replayed.entry, &replayed.tally);
+            let keys = replayed.keys.borrow();
             let mut top: Vec<(String, u64)> = tally
                 .refused_keys
                 .iter()

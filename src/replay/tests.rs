@@ -445,3 +445,64 @@ fn a_logged_host_meets_the_routes_that_match_one() {
 
 mod formats;
 mod settled;
+
+/// A one-limit policy whose bucket holds `capacity` tokens and refills 1 a second.
+fn policy_of_capacity(capacity: f64) -> Policy {
+    Policy::parse(
+        "replay.toml",
+        &format!("[upstreams.app]\nurl = \"http://127.0.0.1:1\"\n[limits.per_user]\nkey = {{ header = \"x-user\" }}\ncapacity = {capacity}\nrate = \"1/s\"\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"app\"\nlimits = [\"per_user\"]\n"),
+    )
+    .unwrap()
+}
+
+/// Refusals of each key when `times` are replayed (as one user each list) at `capacity`.
+fn refusals_at(capacity: f64, users: &[Vec<f64>]) -> (u64, Option<f64>) {
+    let policy = policy_of_capacity(capacity);
+    let mut replay = Replay::new(&policy);
+    for (user, times) in users.iter().enumerate() {
+        for time in times {
+            replay.decide(&line(*time, Some(&format!("u{user}")), "192.0.2.1"));
+        }
+    }
+    let report = replay.report();
+    (report.limits[0].refusals, report.limits[0].capacity_for_all)
+}
+
+#[test]
+fn the_suggestion_holds_for_a_log_whose_lines_go_back_in_time() {
+    // A burst at 100 s, then lines logged late: 96 s arrives after 100 s. The bucket's moment
+    // stays at 100 s, so going back to 96 s and forward again refills nothing twice.
+    let times = vec![100.0, 100.0, 100.0, 96.0, 100.0, 97.0, 100.0, 101.0];
+    let (_, suggested) = refusals_at(1000.0, std::slice::from_ref(&times));
+    let suggested = suggested.unwrap();
+    assert_eq!(
+        suggested, 7.0,
+        "8 requests within 1 s of log time, nothing refilled twice"
+    );
+    assert_eq!(refusals_at(suggested, std::slice::from_ref(&times)).0, 0);
+    assert!(refusals_at(suggested - 1.0, std::slice::from_ref(&times)).0 >= 1);
+}
+
+proptest::proptest! {
+    /// Whatever the order of a log's lines, replaying it at the capacity suggested for every
+    /// key refuses nothing, and at one token less refuses something.
+    #[test]
+    fn the_suggested_capacity_never_refuses_and_one_less_does(
+        users in proptest::collection::vec(
+            proptest::collection::vec(0u32..400, 1..40),
+            1..4,
+        ),
+    ) {
+        // Quarter seconds, in the generated order: lines out of time order.
+        let users: Vec<Vec<f64>> = users
+            .iter()
+            .map(|times| times.iter().map(|time| 1000.0 + f64::from(*time) / 4.0).collect())
+            .collect();
+        let (_, suggested) = refusals_at(1000.0, &users);
+        let suggested = suggested.unwrap();
+        proptest::prop_assert_eq!(refusals_at(suggested, &users).0, 0);
+        if suggested > 1.0 {
+            proptest::prop_assert!(refusals_at(suggested - 1.0, &users).0 >= 1);
+        }
+    }
+}

@@ -167,29 +167,29 @@ pub type Verdicts = smallvec::SmallVec<[Verdict; 4]>;
 /// A store's answer for all of a request's buckets, with one verdict per bucket in the order
 /// they were asked.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
+pub enum StoreVerdict {
     /// Every enforcing bucket could pay; each bucket that could pay was charged.
     Admit(Verdicts),
     /// An enforcing bucket could not pay; nothing was charged.
     Refuse(Verdicts),
 }
 
-impl Decision {
-    pub fn new(admitted: bool, verdicts: Verdicts) -> Decision {
+impl StoreVerdict {
+    pub fn new(admitted: bool, verdicts: Verdicts) -> StoreVerdict {
         if admitted {
-            Decision::Admit(verdicts)
+            StoreVerdict::Admit(verdicts)
         } else {
-            Decision::Refuse(verdicts)
+            StoreVerdict::Refuse(verdicts)
         }
     }
 
     pub fn is_admitted(&self) -> bool {
-        matches!(self, Decision::Admit(_))
+        matches!(self, StoreVerdict::Admit(_))
     }
 
     pub fn verdicts(&self) -> &[Verdict] {
         match self {
-            Decision::Admit(verdicts) | Decision::Refuse(verdicts) => verdicts,
+            StoreVerdict::Admit(verdicts) | StoreVerdict::Refuse(verdicts) => verdicts,
         }
     }
 }
@@ -247,7 +247,7 @@ pub enum Held {
 impl Store {
     /// Decides a request against all of its buckets at once: admitted only if every enforcing
     /// bucket can pay, and then every bucket that can pay is charged.
-    pub async fn decide(&self, requests: &[BucketRequest<'_>]) -> Result<Decision, StoreError> {
+    pub async fn decide(&self, requests: &[BucketRequest<'_>]) -> Result<StoreVerdict, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.decide(requests)),
             // Boxed so that the memory store's callers do not carry the Redis call's state.

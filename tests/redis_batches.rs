@@ -13,8 +13,8 @@ use futures_util::FutureExt;
 use ipnet::IpNet;
 use tollgate::config::RedisSettings;
 use tollgate::limit::{
-    AdaptiveParams, BucketKey, BucketRequest, Charge, Clock, Decision, KeyPart, RedisStore,
-    StoreError,
+    AdaptiveParams, BucketKey, BucketRequest, Charge, Clock, KeyPart, RedisStore, StoreError,
+    StoreVerdict,
 };
 
 use common::redis_server::RedisServer;
@@ -127,7 +127,7 @@ fn stored_tokens(redis: &RedisServer, key: &str) -> Option<f64> {
     redis.stored_bucket(key).map(|numbers| numbers[0])
 }
 
-fn assert_same_decisions(alone: &[Decision], batched: &[Decision]) {
+fn assert_same_decisions(alone: &[StoreVerdict], batched: &[StoreVerdict]) {
     assert_eq!(alone.len(), batched.len());
     for (index, (alone, batched)) in alone.iter().zip(batched).enumerate() {
         assert_eq!(
@@ -168,7 +168,7 @@ async fn a_batch_decides_each_request_as_its_own_call_in_turn_would() {
     }
 
     let batched_store = store(&redis, "batched:");
-    let batched: Vec<Decision> =
+    let batched: Vec<StoreVerdict> =
         join_all(requests.iter().map(|request| batched_store.decide(request)))
             .await
             .into_iter()
@@ -320,7 +320,7 @@ async fn tokens_arrive_exactly_as_the_script_computed_them() {
         vec![request]
     };
     let requests: Vec<_> = (0..30).map(|_| tenth()).collect();
-    let mut decisions: Vec<Decision> =
+    let mut decisions: Vec<StoreVerdict> =
         join_all(requests.iter().map(|request| store.decide(request)))
             .await
             .into_iter()

@@ -5,7 +5,7 @@
 
 use smallvec::SmallVec;
 
-use crate::limit::{BucketRequest, Decision};
+use crate::limit::{BucketRequest, StoreVerdict};
 use crate::reject::LimitReport;
 use crate::reject::Reports;
 
@@ -47,7 +47,7 @@ pub struct BucketAccount<L> {
 #[inline]
 pub fn account<'a, 'b, L: Copy>(
     buckets: impl Iterator<Item = (L, &'b BucketRequest<'a>)>,
-    decision: &Decision,
+    decision: &StoreVerdict,
     reports: &mut Reports<'a>,
     mut share: impl FnMut(BucketAccount<L>),
 ) -> Accounting
@@ -120,7 +120,7 @@ mod tests {
     /// Buckets paired with their position in the route's list as the handle.
     fn accounted<'a>(
         buckets: &[(usize, BucketRequest<'a>)],
-        decision: &Decision,
+        decision: &StoreVerdict,
     ) -> (Accounting, Vec<BucketAccount<usize>>, Reports<'a>) {
         let (mut shares, mut reports) = (Vec::new(), Reports::new());
         let paired = buckets.iter().map(|(limit, bucket)| (*limit, bucket));
@@ -182,7 +182,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let (accounting, shares, reports) = accounted(&buckets, &Decision::Admit(verdicts));
+        let (accounting, shares, reports) = accounted(&buckets, &StoreVerdict::Admit(verdicts));
         assert!(accounting.admitted);
         assert!(!accounting.shadow_refused);
         let charged: Vec<(usize, f64)> = shares
@@ -212,7 +212,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let (accounting, shares, reports) = accounted(&buckets, &Decision::Refuse(verdicts));
+        let (accounting, shares, reports) = accounted(&buckets, &StoreVerdict::Refuse(verdicts));
         assert!(!accounting.admitted);
         assert!(!accounting.admitted);
         assert!(shares.iter().all(|bucket| bucket.charged == 0.0));
@@ -234,7 +234,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let (accounting, shares, reports) = accounted(&buckets, &Decision::Admit(verdicts));
+        let (accounting, shares, reports) = accounted(&buckets, &StoreVerdict::Admit(verdicts));
         assert!(accounting.admitted);
         assert!(accounting.shadow_refused);
         assert_eq!(reports.len(), 1, "shadow limits are not reported");
@@ -255,7 +255,7 @@ mod tests {
         let verdicts: Verdicts = [Verdict::unobserved(), verdict(&buckets[1], 0.0, false)]
             .into_iter()
             .collect();
-        let (_, shares, reports) = accounted(&buckets, &Decision::Refuse(verdicts));
+        let (_, shares, reports) = accounted(&buckets, &StoreVerdict::Refuse(verdicts));
         assert_eq!(shares.len(), 1);
         assert_eq!(shares[0].limit, 1);
         assert_eq!(refusing(&reports), "per_user");

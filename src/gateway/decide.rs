@@ -11,7 +11,7 @@ use super::{Buckets, Gateway};
 use crate::config::StoreFailurePolicy;
 use crate::limit::concurrency::{Leased, Leasing};
 use crate::limit::redis::PendingSlotLeases;
-use crate::limit::{clock, BucketRequest, Decision, Held, Store, StoreError};
+use crate::limit::{clock, BucketRequest, Held, Store, StoreError, StoreVerdict};
 use crate::metrics::Outcome;
 use crate::reject::{Reject, Reports};
 use crate::runtime::{AppliedLimit, ServedRoute};
@@ -129,7 +129,7 @@ impl Gateway {
         &self,
         buckets: &[BucketRequest<'_>],
         leasing: Option<&Leasing<'_>>,
-    ) -> Result<(Decision, Leased), StoreError> {
+    ) -> Result<(StoreVerdict, Leased), StoreError> {
         let store = &self.shared.store;
         let calls = &self.shared.store_calls;
         let started = clock::instant();
@@ -160,7 +160,7 @@ impl Gateway {
 /// and the request's admission, or `None` when an enforcing limit refused it (its `slots` are
 /// then given back).
 fn admission<'r>(
-    decision: &Decision,
+    decision: &StoreVerdict,
     decider: Decider,
     buckets: &Buckets<'r>,
     slots: Option<Held>,

@@ -20,7 +20,7 @@ use crate::body::Body;
 use crate::config::{HeaderMode, StoreFailurePolicy};
 use crate::grpc::{self, Code};
 use crate::in_flight::RequestInFlight;
-use crate::limit::{BucketKey, BucketRequest, Decision, Verdict};
+use crate::limit::{BucketKey, BucketRequest, StoreVerdict, Verdict};
 use crate::metrics::{DecisionProtocol, Outcome, RLS_ROUTE};
 use crate::reject::Reports;
 use crate::respond::{self, SetFields};
@@ -253,7 +253,7 @@ impl Gateway {
 }
 
 /// Each bucket's verdict, and whether its limit enforces.
-fn told_of(decision: &Decision, buckets: &[BucketRequest<'_>]) -> Vec<Told> {
+fn told_of(decision: &StoreVerdict, buckets: &[BucketRequest<'_>]) -> Vec<Told> {
     decision
         .verdicts()
         .iter()

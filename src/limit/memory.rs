@@ -18,7 +18,7 @@ use super::adaptive::{AdaptiveParams, AdaptiveState};
 use super::ban::{Ban, BanState};
 use super::bucket::{self, BucketState, Charge};
 use super::clock::{Clock, Timestamp};
-use super::{BucketKey, BucketRequest, Decision, OutcomeRequest, Verdict, Verdicts};
+use super::{BucketKey, BucketRequest, OutcomeRequest, StoreVerdict, Verdict, Verdicts};
 
 /// Buckets per shard before one is considered for its own lock.
 const KEYS_PER_SHARD_TARGET: usize = 4096;
@@ -180,7 +180,7 @@ impl MemoryStore {
 
     /// Decides a request against all of its buckets (see [`bucket::decide`]), each with its
     /// key's adaptive penalty applied.
-    pub fn decide(&self, requests: &[BucketRequest<'_>]) -> Decision {
+    pub fn decide(&self, requests: &[BucketRequest<'_>]) -> StoreVerdict {
         let now = self.clock.now();
         let ids: SmallVec<[u64; 4]> = requests
             .iter()
@@ -218,7 +218,7 @@ impl MemoryStore {
                             None => Verdict::observed(charge, tokens, tokens >= charge.cost),
                         });
                     }
-                    return Decision::Refuse(verdicts);
+                    return StoreVerdict::Refuse(verdicts);
                 }
             }
             let admitted = bucket::decide(&charges, &mut states, now, &mut verdicts);
@@ -246,7 +246,7 @@ impl MemoryStore {
                     verdict.ban_began = self.count_refusal(shard, *id, ban, *state, now);
                 }
             }
-            Decision::new(admitted, verdicts)
+            StoreVerdict::new(admitted, verdicts)
         })
     }
 

@@ -30,13 +30,13 @@ use redis::Script;
 mod batch;
 mod cluster;
 mod decide_call;
-mod decision;
 mod key_admin;
 pub(crate) mod keys;
 mod refund;
 mod server_clock;
 mod slots;
 mod token_lease;
+mod verdict;
 
 use batch::Batcher;
 pub use keys::slot;

@@ -8,11 +8,11 @@ use redis::cluster_async::ClusterConnection;
 use tokio::time::Instant;
 
 use super::decide_call::{read_late_reply, BucketReply, DecideCall, RequestReply, Shape};
-use super::decision::leased;
 use super::keys::{group_by_slot, StoreKeys};
+use super::verdict::leased;
 use super::{Cluster, Connection, RedisStore};
 use crate::limit::concurrency::{Leased, Leasing};
-use crate::limit::{BucketRequest, Charge, Decision, StoreError, Verdict, Verdicts};
+use crate::limit::{BucketRequest, Charge, StoreError, StoreVerdict, Verdict, Verdicts};
 
 impl RedisStore {
     /// A Cluster's decision: one call per slot that the request's keys live in, all at once,
@@ -24,7 +24,7 @@ impl RedisStore {
         leasing: Option<&Leasing<'_>>,
         keys: &StoreKeys,
         deadline: Instant,
-    ) -> Result<(Decision, Leased), StoreError> {
+    ) -> Result<(StoreVerdict, Leased), StoreError> {
         let groups = group_by_slot(keys.iter());
         let replies = join_all(
             groups
@@ -52,7 +52,10 @@ impl RedisStore {
         }
         let slots: Vec<BucketReply> = slots.into_iter().flatten().collect();
         if admitted || charged_groups.is_empty() {
-            return Ok((Decision::new(admitted, verdicts), leased(admitted, &slots)));
+            return Ok((
+                StoreVerdict::new(admitted, verdicts),
+                leased(admitted, &slots),
+            ));
         }
         // Another slot refused: give back what the admitting slots charged and leased.
         let refunds = charged_groups.iter().map(|group| {
@@ -98,7 +101,7 @@ impl RedisStore {
                 *verdict = Verdict::observed(&charge, tokens, verdict.sufficient);
             }
         }
-        Ok((Decision::new(false, verdicts), leased(false, &slots)))
+        Ok((StoreVerdict::new(false, verdicts), leased(false, &slots)))
     }
 
     /// One slot's buckets of one request, decided by a call of their own, which carries

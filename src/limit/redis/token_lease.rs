@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::{Number, RedisStore};
 use crate::limit::concurrency::{Leased, Leasing};
 use crate::limit::lease::{Grant, Take};
-use crate::limit::{clock, BucketRequest, Charge, Decision, StoreError, Verdict, Verdicts};
+use crate::limit::{clock, BucketRequest, Charge, StoreError, StoreVerdict, Verdict, Verdicts};
 
 pub(super) const LEASE: &str = include_str!("../lease.lua");
 
@@ -23,7 +23,7 @@ impl RedisStore {
         &self,
         requests: &[BucketRequest<'_>],
         leasing: Option<&Leasing<'_>>,
-    ) -> Result<(Decision, Leased), StoreError> {
+    ) -> Result<(StoreVerdict, Leased), StoreError> {
         let deadline = clock::deadline_in(self.timeout);
         let mut verdicts: Verdicts = smallvec::smallvec![Verdict::unobserved(); requests.len()];
         let mut spent: SmallVec<[(String, f64); 2]> = SmallVec::new();
@@ -52,7 +52,7 @@ impl RedisStore {
                 spent.push((key, request.charge.cost));
             } else if request.charge.enforce {
                 give_back(&spent);
-                return Ok((Decision::Refuse(verdicts), Leased::NotTaken(None)));
+                return Ok((StoreVerdict::Refuse(verdicts), Leased::NotTaken(None)));
             }
         }
         let shared: SmallVec<[BucketRequest<'_>; 4]> = requests
@@ -61,7 +61,7 @@ impl RedisStore {
             .cloned()
             .collect();
         let (decision, leased) = if shared.is_empty() && leasing.is_none() {
-            (Decision::Admit(Verdicts::new()), Leased::NotTaken(None))
+            (StoreVerdict::Admit(Verdicts::new()), Leased::NotTaken(None))
         } else {
             match self.decide_shared(&shared, leasing).await {
                 Ok(decided) => decided,
@@ -82,7 +82,7 @@ impl RedisStore {
         if !admitted {
             give_back(&spent);
         }
-        Ok((Decision::new(admitted, verdicts), leased))
+        Ok((StoreVerdict::new(admitted, verdicts), leased))
     }
 
     /// Spends `charge.cost` of the leased bucket `key`, calling Redis for a new lease when

@@ -12,10 +12,10 @@ use super::keys::StoreKeys;
 use super::{Connection, RedisStore};
 use crate::limit::clock::{self, Timestamp};
 use crate::limit::concurrency::{Leased, Leasing};
-use crate::limit::{BucketRequest, Decision, StoreError, Verdict, Verdicts};
+use crate::limit::{BucketRequest, StoreError, StoreVerdict, Verdict, Verdicts};
 
 impl RedisStore {
-    pub async fn decide(&self, requests: &[BucketRequest<'_>]) -> Result<Decision, StoreError> {
+    pub async fn decide(&self, requests: &[BucketRequest<'_>]) -> Result<StoreVerdict, StoreError> {
         let (decision, _) = self.decide_leasing(requests, None).await?;
         Ok(decision)
     }
@@ -27,7 +27,7 @@ impl RedisStore {
         &self,
         requests: &[BucketRequest<'_>],
         leasing: Option<&Leasing<'_>>,
-    ) -> Result<(Decision, Leased), StoreError> {
+    ) -> Result<(StoreVerdict, Leased), StoreError> {
         // Boxed, as a Cluster's decision is below: the usual decision's future then stays
         // under a kilobyte (824 bytes, from 2,296), which the allocator serves from its cache.
         if requests.iter().any(|request| request.lease.is_some()) {
@@ -42,7 +42,7 @@ impl RedisStore {
         &self,
         requests: &[BucketRequest<'_>],
         leasing: Option<&Leasing<'_>>,
-    ) -> Result<(Decision, Leased), StoreError> {
+    ) -> Result<(StoreVerdict, Leased), StoreError> {
         let mut keys = StoreKeys::new(&self.prefix, requests.iter().map(|request| &request.key));
         for slots in leasing.map_or(&[][..], |leasing| leasing.slots) {
             keys.push(&self.slot_key(&slots.key));
@@ -77,7 +77,7 @@ impl RedisStore {
         &self,
         requests: &[BucketRequest<'_>],
         keys: &StoreKeys,
-        decision: &Decision,
+        decision: &StoreVerdict,
         sent: Timestamp,
     ) {
         if !self.hears_resets() {
@@ -117,7 +117,7 @@ impl RedisStore {
         requests: &[BucketRequest<'_>],
         keys: &StoreKeys,
         now: Timestamp,
-    ) -> Option<Decision> {
+    ) -> Option<StoreVerdict> {
         let mut refused = false;
         let verdicts: Verdicts = requests
             .iter()
@@ -146,7 +146,7 @@ impl RedisStore {
                 }
             })
             .collect();
-        refused.then_some(Decision::Refuse(verdicts))
+        refused.then_some(StoreVerdict::Refuse(verdicts))
     }
 
     /// The numbers `decide.lua` needs of the `index`th key of a request: a bucket's, or past
@@ -173,7 +173,7 @@ impl RedisStore {
         leasing: Option<&Leasing<'_>>,
         keys: StoreKeys,
         deadline: Instant,
-    ) -> Result<(StoreKeys, Decision, Leased), StoreError> {
+    ) -> Result<(StoreKeys, StoreVerdict, Leased), StoreError> {
         let manager = match &self.connection {
             Connection::Single(manager) => manager,
             Connection::Cluster(_) => {
@@ -208,7 +208,7 @@ impl RedisStore {
             .map(|(request, bucket)| bucket.verdict(&request.charge))
             .collect();
         let leased = leased(reply.admitted, slots);
-        Ok((keys, Decision::new(reply.admitted, verdicts), leased))
+        Ok((keys, StoreVerdict::new(reply.admitted, verdicts), leased))
     }
 }
 

@@ -2,12 +2,11 @@
 //! buckets, and the watch on the policy file. Each holds the gateway weakly and ends with it.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 use std::time::Duration;
 
 use crate::limit::Store;
 use crate::shared::Shared;
-use crate::Tollgate;
 
 /// Recomputes the overload factor every 100 ms.
 pub(crate) fn spawn_load_ticker(shared: Weak<Shared>) {
@@ -60,21 +59,27 @@ pub(crate) fn spawn_store_probe(shared: Weak<Shared>) {
     });
 }
 
-/// Reloads whenever the policy file's content changes (polled every 2 s; cheap).
-pub(crate) fn spawn_config_watch(gateway: Weak<Tollgate>, path: PathBuf) {
+/// What reloads its policy from its file (a running gateway).
+pub(crate) trait ReloadsFromFile: Send + Sync + 'static {
+    fn reload_from_file(&self);
+}
+
+/// Reloads whenever the policy file's content changes (polled every 2 s; cheap), until the
+/// gateway is gone.
+pub(crate) fn spawn_config_watch(gateway: Weak<dyn ReloadsFromFile>, path: PathBuf) {
     tokio::spawn(async move {
         let mut last = std::fs::read(&path).ok();
         let mut interval = tokio::time::interval(Duration::from_secs(2));
         loop {
             interval.tick().await;
-            let Some(gateway): Option<Arc<Tollgate>> = gateway.upgrade() else {
+            let Some(gateway) = gateway.upgrade() else {
                 break;
             };
             let current = std::fs::read(&path).ok();
             if current.is_some() && current != last {
                 last = current;
                 tracing::info!(path = %path.display(), "policy file changed");
-                let _ = gateway.reload_from_file();
+                gateway.reload_from_file();
             }
         }
     });

@@ -25,6 +25,7 @@ pub use raw::{
 };
 pub use units::Rate;
 
+pub use crate::limit::redis::RedisSettings;
 pub use crate::path::PathMatching;
 pub use crate::tls::TlsFiles;
 
@@ -136,24 +137,6 @@ pub struct StoreSettings {
     pub hash_key: Option<String>,
     /// Set when `backend = "redis"`.
     pub redis: Option<RedisSettings>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct RedisSettings {
-    /// Connection URLs: one for a single node, the seed nodes of a Cluster.
-    pub nodes: Vec<String>,
-    pub cluster: bool,
-    /// A store call slower than this is a store failure.
-    pub timeout: Duration,
-    /// How long one (re)connection to a node may take.
-    pub connect_timeout: Duration,
-    /// Prepended to every key: `<prefix><limit>:<key>`.
-    pub prefix: String,
-    /// PEM roots for `rediss://`; `None`: the system's.
-    pub ca_file: Option<PathBuf>,
-    /// How long a concurrency slot lasts in Redis unless renewed (its request renews it while
-    /// in flight): what a replica that dies holds for at most.
-    pub lease: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]

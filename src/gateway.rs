@@ -2,34 +2,35 @@
 //! rejects it with a [`Reject`]; `respond::rejection` renders every rejection in one place.
 //!
 //! ```text
-//! handle ─ route ─ client_address ─ read_body ─ bucket_requests ─ decide ─ (delay) ─ forward ─ after_response ─ finish ─ (settle)
-//!           400/405/431/404    400         413/400       400/401       429/503            502/504                502
+//! answer ─ route ─ client_address ─ read_body ─ requested ─ admit (decide, delay) ─ forward ─ after_response ─ finish ─ (settle)
+//!           400/405/431/404    400         413/400     400/401       429/503              502/504                502
 //! ```
 //!
-//! Every request leaves one access-log line and its counters. Beside this file, each phase of
-//! its own named for it: `read_body.rs`, `decide.rs` (with `slots.rs`, the concurrency slots it
+//! Every request leaves one access-log line and its counters. The phases from routing to the
+//! admission are steps the decision service (`crate::decision`) calls too, for the requests
+//! other proxies ask about: [`Serving`] is what differs between the listeners (what follows
+//! the admission, and how a rejection is answered). Beside this file, each phase of its own
+//! named for it: `read_body.rs`, `decide.rs` (with `slots.rs`, the concurrency slots it
 //! takes), `delay.rs`, `forward.rs`, `after_response.rs`, `finish.rs`, `settle.rs` (costs
 //! settled when the response body ends); and the pure parts, `checks.rs` (the request head),
 //! `accounting.rs` (what a decision means), `access_log.rs` (the log line). Why a request ends
 //! early is `crate::reject`.
 
-mod access_log;
+pub(crate) mod access_log;
 pub mod accounting;
 mod after_response;
-mod applied;
-mod checks;
-mod client_facts;
-mod decide;
-mod decision;
+pub(crate) mod applied;
+pub(crate) mod checks;
+pub(crate) mod client_facts;
+pub(crate) mod decide;
 mod delay;
 mod finish;
 mod forward;
-mod forward_auth;
 mod read_body;
-mod rls;
 mod settle;
 pub(crate) mod slots;
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -37,100 +38,33 @@ use std::sync::Arc;
 use http::header::HeaderValue;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
-use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
-use self::access_log::Exchange;
+use self::access_log::{Exchange, Listener};
 use self::applied::Applied;
 use self::checks::FieldScan;
 use self::client_facts::{client_facts, ClientFacts};
-use self::decide::Decider;
+use self::decide::{Admission, Decider, NoObserver};
 use self::read_body::read_body;
 use self::settle::Settlement;
 use self::slots::SlotRequests;
 use crate::body::Body;
+use crate::connection::{Answering, Connection, RequestBody};
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
 use crate::limit::concurrency::{SlotKey, SlotRequest};
-use crate::limit::{clock, BucketKey, BucketRequest};
-use crate::reject::{Reject, Reports};
+use crate::limit::{clock, BucketRequest};
+use crate::metrics::Outcome;
+use crate::reject::{LimitReport, Reject, Reports};
 use crate::request_id::{REQUEST_ID_NAME, X_REQUEST_ID};
 use crate::respond::{self, FieldValue, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
 use crate::shared::Shared;
-use crate::upstream::{self, OutgoingBody};
+use crate::upstream::OutgoingBody;
 use crate::wire::header_maps;
 use crate::wire::message::UpgradeExpected;
 use crate::{client_ip, path, route};
-
-/// A client request's body as the server hands it over.
-#[derive(Debug)]
-pub enum RequestBody {
-    /// The request has no body (the server's own HTTP/1.1 path takes only such requests).
-    Empty,
-    /// A body read by hyper as the gateway consumes it.
-    Incoming(Incoming),
-}
-
-/// Which listener a connection came in on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listener {
-    /// Requests are decided and forwarded upstream.
-    Proxy,
-    /// Other proxies ask about their requests (`[decision]`); nothing is forwarded.
-    Decision,
-}
-
-impl Listener {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Listener::Proxy => "proxy",
-            Listener::Decision => "decision",
-        }
-    }
-}
-
-/// What the gateway knows of the connection a request came on.
-#[derive(Debug, Clone)]
-pub struct Connection {
-    /// Unique to the connection in this process: what `reuse = "per_client"` keeps upstream
-    /// connections for.
-    pub id: u64,
-    pub peer: IpAddr,
-    /// The peer as an `X-Forwarded-For` entry, rendered once per connection, when a request
-    /// is first forwarded (a connection whose requests are all refused never needs it).
-    peer_header: std::sync::OnceLock<HeaderValue>,
-    /// `X-Forwarded-Proto` for the upstream.
-    pub proto: &'static str,
-    pub listener: Listener,
-    /// The JA4 fingerprint of the connection's TLS ClientHello, when it was read.
-    pub ja4: Option<Arc<str>>,
-    /// What `[geoip]` said of the connection's first client (see `client_facts.rs`).
-    origin: std::sync::OnceLock<(usize, IpAddr, crate::geoip::Origin)>,
-}
-
-impl Connection {
-    pub fn new(peer: IpAddr, proto: &'static str, listener: Listener) -> Connection {
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let peer = peer.to_canonical();
-        Connection {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            peer,
-            peer_header: std::sync::OnceLock::new(),
-            proto,
-            listener,
-            ja4: None,
-            origin: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// The peer as an `X-Forwarded-For` entry.
-    pub fn peer_header(&self) -> &HeaderValue {
-        self.peer_header
-            .get_or_init(|| upstream::peer_header(self.peer))
-    }
-}
 
 /// Serves requests against the current policy. Cheap to clone.
 #[derive(Clone)]
@@ -139,17 +73,24 @@ pub struct Gateway {
 }
 
 /// A request that found its route: what its later phases read.
-struct Routed<'r> {
-    runtime: &'r Arc<Runtime>,
-    route: &'r ServedRoute,
+pub(crate) struct Routed<'r> {
+    pub(crate) runtime: &'r Arc<Runtime>,
+    pub(crate) route: &'r ServedRoute,
     /// The request's `Host` (or `:authority`), forwarded as it came.
     host: Option<HeaderValue>,
     scan: FieldScan,
-    connection: &'r Connection,
+    pub(crate) connection: &'r Connection,
 }
 
 /// A request's buckets, one per applicable limit, inline for the usual handful.
-type Buckets<'r> = Applied<'r, BucketRequest<'r>>;
+pub(crate) type Buckets<'r> = Applied<'r, BucketRequest<'r>>;
+
+/// What a request asks of its route's limits: tokens of its buckets, slots of its concurrency
+/// limits.
+pub(crate) struct Requested<'r> {
+    pub(crate) buckets: Buckets<'r>,
+    pub(crate) slots: SlotRequests<'r>,
+}
 
 /// An upstream response, and the client's side of an upgrade it may complete with what its
 /// 101 must say.
@@ -160,70 +101,136 @@ struct Forwarded {
     sent: std::time::Instant,
 }
 
-/// How a listener's requests are answered, chosen once per connection: a connection's future
-/// then holds its own listener's request future only (the decision listener's is the larger,
-/// and a connection's future is copied whole when it starts).
-pub(crate) trait Answering {
-    fn answer<'a>(
+/// What a listener does with a request once it is routed, and how it answers one that ends
+/// early: the proxy forwards it ([`Proxying`]); forward-auth on the decision listener answers
+/// whether it would pass. [`Gateway::answer_with`] runs everything around it.
+pub(crate) trait Serving: Sync {
+    /// The access log's `listener`.
+    const LISTENER: Listener;
+
+    /// The phases from the client's address to the answer.
+    fn serve<'a, 'r>(
+        &'a self,
         gateway: &'a Gateway,
+        routed: &'a Routed<'r>,
         request: Request<RequestBody>,
-        connection: &'a Connection,
+        exchange: &'a mut Exchange<'r>,
         fields: &'a mut SetFields,
-    ) -> impl std::future::Future<Output = Response<Body>> + Send + 'a;
+        reports: &'a mut Reports<'r>,
+    ) -> impl Future<Output = Result<Response<Body>, Reject>> + Send + 'a;
+
+    /// The answer to a request the phases ended early.
+    fn reject(
+        &self,
+        reject: Reject,
+        runtime: &Runtime,
+        scan: &FieldScan,
+        reports: &[LimitReport<'_>],
+        fields: &mut SetFields,
+    ) -> Response<Body>;
+
+    /// Told once the request is answered: the route that decided it (`None`: no route
+    /// matched) and its outcome.
+    fn answered(
+        &self,
+        _runtime: &Runtime,
+        _route: Option<&ServedRoute>,
+        _outcome: Option<Outcome>,
+        _fields: &mut SetFields,
+    ) {
+    }
 }
 
 /// The proxy listener's requests: decided and forwarded.
 pub(crate) struct Proxying;
 
-/// The decision listener's questions: decided, never forwarded.
-pub(crate) struct Deciding;
-
-impl Answering for Proxying {
+impl Answering for Gateway {
     fn answer<'a>(
-        gateway: &'a Gateway,
+        &'a self,
         request: Request<RequestBody>,
         connection: &'a Connection,
         fields: &'a mut SetFields,
-    ) -> impl std::future::Future<Output = Response<Body>> + Send + 'a {
-        gateway.answer(request, connection, fields)
+    ) -> impl Future<Output = Response<Body>> + Send + 'a {
+        self.answer_with(&Proxying, request, connection, fields)
     }
 }
 
-impl Answering for Deciding {
-    fn answer<'a>(
+impl Serving for Proxying {
+    const LISTENER: Listener = Listener::Proxy;
+
+    async fn serve<'a, 'r>(
+        &'a self,
         gateway: &'a Gateway,
+        routed: &'a Routed<'r>,
         request: Request<RequestBody>,
-        connection: &'a Connection,
+        exchange: &'a mut Exchange<'r>,
         fields: &'a mut SetFields,
-    ) -> impl std::future::Future<Output = Response<Body>> + Send + 'a {
-        gateway.answer_asking(request, connection, fields)
+        reports: &'a mut Reports<'r>,
+    ) -> Result<Response<Body>, Reject> {
+        let client = gateway.client_address(routed, request.headers())?;
+        exchange.client = Some(client);
+        let (parts, body) = request.into_parts();
+        let client = client_facts(routed, client, routed.connection.ja4.as_deref());
+        exchange.note_client(client.origin, client.ja4);
+        let max_body = routed.runtime.policy.server.max_buffered_body;
+        let body = read_body(routed.route, max_body, &parts.headers, body).await?;
+        let keyed_body = match &body {
+            OutgoingBody::Buffered(bytes) if routed.route.route.reads_body => Some(bytes.as_ref()),
+            _ => None,
+        };
+        let requested = gateway.requested(routed, &client, &parts, keyed_body)?;
+        let admission = match gateway
+            .admit(routed, &requested, exchange, reports, NoObserver)
+            .await
+        {
+            Ok(admission) => admission,
+            Err(reject) => {
+                // Refusals come in floods: the request's map can hold the next request's head.
+                header_maps::give_back(parts.headers);
+                return Err(reject);
+            }
+        };
+        let forwarded = gateway.forward(routed, parts, body, exchange).await?;
+        gateway
+            .after_admission(
+                routed,
+                &requested.buckets,
+                admission,
+                forwarded,
+                exchange,
+                fields,
+                reports,
+            )
+            .await
+    }
+
+    fn reject(
+        &self,
+        reject: Reject,
+        runtime: &Runtime,
+        scan: &FieldScan,
+        reports: &[LimitReport<'_>],
+        fields: &mut SetFields,
+    ) -> Response<Body> {
+        let mode = runtime.policy.server.ratelimit_headers;
+        if scan.grpc {
+            respond::grpc_rejection(reject, mode, reports, fields)
+        } else {
+            respond::rejection(reject, mode, reports, fields)
+        }
     }
 }
 
 impl Gateway {
-    /// Answers one request; never fails (rejections become responses).
-    pub async fn handle(
+    /// Answers a request: routes it, hands it to `serving`'s phases, renders what ended it
+    /// early as `serving` answers it, and counts and logs it, once.
+    pub(crate) async fn answer_with<S: Serving>(
         &self,
+        serving: &S,
         request: Request<RequestBody>,
         connection: &Connection,
         fields: &mut SetFields,
     ) -> Response<Body> {
-        match connection.listener {
-            Listener::Proxy => self.answer(request, connection, fields).await,
-            Listener::Decision => self.answer_asking(request, connection, fields).await,
-        }
-    }
-
-    /// Answers a request through the phases: on the proxy listener, the client's request;
-    /// on the decision listener, the original request a forward-auth sub-request describes,
-    /// which is decided and never forwarded.
-    async fn answer(
-        &self,
-        request: Request<RequestBody>,
-        connection: &Connection,
-        fields: &mut SetFields,
-    ) -> Response<Body> {
-        let asked = connection.listener == Listener::Decision;
         // Counted until the response body is dropped (sent whole, or its client went away);
         // dropped with this future if the client goes away before the answer.
         let in_flight = RequestInFlight::new(&self.shared.metrics.inflight);
@@ -235,13 +242,14 @@ impl Gateway {
             .flatten();
         let request_id = self.shared.request_ids.for_request(client_id);
         let mut exchange = Exchange::new(request.method().clone(), request_id);
-        exchange.listener = connection.listener;
+        exchange.listener = S::LISTENER;
         // What the client is told of the route's limits, on a 429 or beside an admission.
         let mut reports = Reports::new();
-        let result = match self.route(&runtime, &request, scan, connection, &mut exchange) {
+        let (result, route) = match self.route(&runtime, &request, scan, connection, &mut exchange)
+        {
             Ok(routed) => {
-                let result = self
-                    .serve(&routed, request, &mut exchange, fields, &mut reports)
+                let result = serving
+                    .serve(self, &routed, request, &mut exchange, fields, &mut reports)
                     .await;
                 // Answered: the final outcome is counted here, once.
                 exchange.admitted_as = None;
@@ -253,35 +261,19 @@ impl Gateway {
                     routed.route.metrics.outcome(outcome).inc();
                 }
                 exchange.outcome = outcome;
-                if asked {
-                    forward_auth::name_route(Some(&routed.route.route.name), fields);
-                }
-                result
+                (result, Some(routed.route))
             }
             Err(reject) => {
                 exchange.outcome = reject.outcome();
                 self.shared.metrics.unrouted(exchange.outcome);
-                if asked {
-                    forward_auth::name_route(None, fields);
-                }
-                Err(reject)
+                (Err(reject), None)
             }
         };
-        let header_mode = runtime.policy.server.ratelimit_headers;
-        let response = result.unwrap_or_else(|reject| {
+        let mut response = result.unwrap_or_else(|reject| {
             exchange.cause = reject.cause();
-            if asked {
-                forward_auth::rejection(reject, &runtime, &reports, fields)
-            } else if scan.grpc {
-                respond::grpc_rejection(reject, header_mode, &reports, fields)
-            } else {
-                respond::rejection(reject, header_mode, &reports, fields)
-            }
+            serving.reject(reject, &runtime, &scan, &reports, fields)
         });
-        if asked {
-            forward_auth::count(&runtime, exchange.outcome);
-        }
-        let mut response = response;
+        serving.answered(&runtime, route, exchange.outcome, fields);
         response.body_mut().in_flight().request = Some(in_flight);
         exchange.log(response.status());
         fields.set(
@@ -330,79 +322,58 @@ impl Gateway {
         })
     }
 
-    /// The phases of a routed request, from its client's address to the response.
-    async fn serve<'r>(
+    /// The admission of a request its route's limits let through: one decision for all of
+    /// its buckets and slots (`decide`), counted as the request's outcome until it is
+    /// answered, then held for tokens it booked (`on_limit = "delay"`).
+    pub(crate) async fn admit<'r, O: decide::Observer<'r>>(
         &self,
         routed: &Routed<'r>,
-        request: Request<RequestBody>,
+        requested: &Requested<'r>,
         exchange: &mut Exchange<'r>,
-        fields: &mut SetFields,
         reports: &mut Reports<'r>,
-    ) -> Result<Response<Body>, Reject> {
-        let asked = routed.connection.listener == Listener::Decision;
-        let client = if asked {
-            forward_auth::client_address(routed, request.headers())?
-        } else {
-            self.client_address(routed, request.headers())?
-        };
-        exchange.client = Some(client);
-        let (parts, body) = request.into_parts();
-        let client = client_facts(routed, client, &parts.headers);
+        observer: O,
+    ) -> Result<Admission<'r>, Reject> {
+        let route = routed.route;
         if access_log::enabled() {
-            exchange.origin = client.origin;
-            exchange.ja4 = client.ja4.map(Arc::from);
+            exchange.keys = Some(access_log::keys(requested.buckets.requests()));
         }
-        let max_body = routed.runtime.policy.server.max_buffered_body;
-        // A sub-request carries no body of the original request: none is read.
-        let body = match asked {
-            true => OutgoingBody::Buffered(bytes::Bytes::new()),
-            false => read_body(routed.route, max_body, &parts.headers, body).await?,
-        };
-        let mut buckets = Buckets::new();
-        let mut slot_requests = SlotRequests::new();
-        self.bucket_requests(
-            routed,
-            &client,
-            &parts,
-            &body,
-            &mut buckets,
-            &mut slot_requests,
-        )?;
-        if access_log::enabled() {
-            exchange.keys = Some(access_log::keys(buckets.requests()));
-        }
-        let admission = match self
-            .decide(routed.route, &buckets, &slot_requests, exchange, reports)
-            .await
-        {
-            Ok(admission) => admission,
-            Err(reject) => {
-                // Refusals come in floods: the request's map can hold the next request's head.
-                header_maps::give_back(parts.headers);
-                return Err(reject);
-            }
-        };
+        let admission = self
+            .decide(&route.route.name, requested, exchange, reports, observer)
+            .await?;
         exchange.outcome = Some(admission.outcome);
-        exchange.admitted_as = Some(routed.route.metrics.outcome(admission.outcome));
+        exchange.admitted_as = Some(route.metrics.outcome(admission.outcome));
         if admission.delay > 0.0 {
             let local = admission.decider == Decider::Local;
+            let buckets = &requested.buckets;
             delay::hold(
                 &self.shared,
                 local,
-                &buckets,
+                buckets,
                 &admission.charged,
                 admission.delay,
             )
             .await;
         }
-        if asked {
-            return Ok(forward_auth::admitted(routed.runtime, reports, fields));
-        }
-        let mut forwarded = self.forward(routed, parts, body, exchange).await?;
+        Ok(admission)
+    }
+
+    /// The phases after the upstream answered: the response hooks, the response's fields,
+    /// and the settlement of costs the response says.
+    #[allow(clippy::too_many_arguments)]
+    async fn after_admission<'r>(
+        &self,
+        routed: &Routed<'r>,
+        buckets: &Buckets<'r>,
+        admission: Admission<'r>,
+        mut forwarded: Forwarded,
+        exchange: &mut Exchange<'r>,
+        fields: &mut SetFields,
+        reports: &mut Reports<'r>,
+    ) -> Result<Response<Body>, Reject> {
         // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
         forwarded.response.body_mut().in_flight().slots = admission.slots.map(Box::new);
         let status = forwarded.response.status().as_u16();
-        self.after_response(routed.route, &buckets, admission.decider, status)
+        self.after_response(routed.route, buckets, admission.decider, status)
             .await;
         let header_mode = routed.runtime.policy.server.ratelimit_headers;
         let sent = forwarded.sent;
@@ -414,7 +385,7 @@ impl Gateway {
             &self.shared,
             routed.runtime,
             routed.route,
-            &buckets,
+            buckets,
             &admission.charged,
             admission.decider,
             sent,
@@ -424,6 +395,7 @@ impl Gateway {
                 if access_log::enabled() {
                     exchange.deferred = Some(settlement.defer_line());
                 }
+                let max_body = routed.runtime.policy.server.max_buffered_body;
                 settlement.meter(response, max_body)
             }
             None => response,
@@ -451,26 +423,18 @@ impl Gateway {
         Ok(resolved.client)
     }
 
-    /// One bucket per limit of the route that applies to this request (a limit whose key the
-    /// request lacks, that exempts the client, or whose tier is exempt, is skipped as the limit
-    /// says), into `buckets` (filled in place: a handful of buckets is a lot of bytes to move).
-    fn bucket_requests<'r>(
+    /// One bucket per limit of the route that applies to this request, and one slot request
+    /// per concurrency limit (a limit whose key the request lacks, that exempts the client, or
+    /// whose tier is exempt, is skipped as the limit says). `body` is the request's body when
+    /// its route's keys read it.
+    pub(crate) fn requested<'r>(
         &self,
         routed: &Routed<'r>,
         client: &ClientFacts<'_>,
         parts: &Parts,
-        body: &OutgoingBody,
-        buckets: &mut Buckets<'r>,
-        slot_requests: &mut SlotRequests<'r>,
-    ) -> Result<(), Reject> {
+        body: Option<&[u8]>,
+    ) -> Result<Requested<'r>, Reject> {
         let route = routed.route;
-        let asked = routed.connection.listener == Listener::Decision;
-        let body = match body {
-            OutgoingBody::Buffered(bytes) if route.route.reads_body && !asked => {
-                Some(bytes.as_ref())
-            }
-            _ => None,
-        };
         let claims = match &routed.runtime.policy.jwt {
             Some(jwt) if route.route.reads_token => self.verified_claims(jwt, &parts.headers)?,
             _ => None,
@@ -478,6 +442,10 @@ impl Gateway {
         let facts = RequestFacts::new(client.address, &parts.headers, parts.uri.query(), body)
             .with_claims(claims.as_deref())
             .with_client(client.origin, client.ja4);
+        let mut requested = Requested {
+            buckets: Buckets::new(),
+            slots: SlotRequests::new(),
+        };
         let load_factor = self.shared.load.factor();
         // Read once, and only for a route with a calendar quota.
         let mut calendar_time = None;
@@ -492,22 +460,18 @@ impl Gateway {
                 continue;
             };
             if let Some(concurrency) = limit.concurrency {
-                // A decision never sees its request end, to give a slot back at.
-                if asked {
-                    continue;
-                }
-                slot_requests.push(
-                    applied,
-                    SlotRequest {
-                        key: SlotKey {
-                            limit: limit.name.clone(),
-                            fingerprint: limit.fingerprint,
-                            parts: key_parts,
-                        },
-                        slots: concurrency,
-                        in_use: applied.metrics.concurrency_in_use.clone(),
-                    },
-                );
+                let key = SlotKey {
+                    limit: limit.name.clone(),
+                    fingerprint: limit.fingerprint,
+                    parts: key_parts,
+                };
+                let in_use = applied.metrics.concurrency_in_use.clone();
+                let request = SlotRequest {
+                    key,
+                    slots: concurrency,
+                    in_use,
+                };
+                requested.slots.push(applied, request);
                 continue;
             }
             let calendar_now =
@@ -516,31 +480,19 @@ impl Gateway {
                 Some(read) => key::read_cost(read, &facts),
                 None => applied.cost,
             };
-            let Some(mut charge) =
-                limit.charge(key::tier(limit, &facts), cost, load_factor, calendar_now)
-            else {
+            let tier = key::tier(limit, &facts);
+            let Some(mut charge) = limit.charge(tier, cost, load_factor, calendar_now) else {
                 continue;
             };
             // A request asking for more than the bucket (its tier's) holds reserves it whole.
             if applied.read_cost.is_some() {
                 charge.cost = charge.cost.min(charge.capacity);
             }
-            buckets.push(
-                applied,
-                BucketRequest {
-                    key: BucketKey {
-                        limit: &limit.name,
-                        fingerprint: limit.fingerprint,
-                        parts: key_parts,
-                    },
-                    charge,
-                    adaptive: limit.adaptive.as_ref().map(|adaptive| adaptive.params),
-                    lease: limit.lease,
-                    ban: limit.ban,
-                },
-            );
+            requested
+                .buckets
+                .push(applied, applied.bucket(key_parts, charge));
         }
-        Ok(())
+        Ok(requested)
     }
 
     /// The claims of the request's token, verified; `None` when it carries none. A token that

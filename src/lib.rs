@@ -11,6 +11,8 @@ mod background;
 mod body;
 pub mod client_ip;
 pub mod config;
+mod connection;
+pub mod decision;
 pub mod demo;
 mod errors;
 pub mod gateway;
@@ -29,7 +31,6 @@ pub mod reject;
 pub mod replay;
 mod request_id;
 pub mod respond;
-pub mod rls;
 pub mod route;
 pub mod runtime;
 pub mod server;
@@ -49,7 +50,6 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Policy;
-use crate::gateway::Gateway;
 use crate::limit::{Clock, RedisStore, Store};
 use crate::shared::Shared;
 
@@ -94,42 +94,7 @@ impl Tollgate {
 
         let (shutdown, shutdown_signal) = watch::channel(false);
         let listeners = TaskTracker::new();
-        let mut addresses = Vec::with_capacity(policy.server.listen.len());
-        let gateway = Gateway {
-            shared: shared.clone(),
-        };
-        for address in &policy.server.listen {
-            let (listener, bound) = server::bind(*address).await?;
-            addresses.push(bound);
-            tracing::info!(address = %bound, "listening");
-            listeners.spawn(server::serve(
-                listener,
-                gateway.clone(),
-                policy.server.clone(),
-                gateway::Listener::Proxy,
-                shutdown_signal.clone(),
-            ));
-        }
-        let decision_address = match &policy.decision {
-            Some(decision) => {
-                let (listener, bound) = server::bind(decision.listen).await?;
-                tracing::info!(address = %bound, "decision listener (forward-auth /decide, gRPC rate limit service)");
-                // Plain HTTP/1.1 and h2c: the proxies that ask are the operator's own.
-                let settings = config::ServerSettings {
-                    tls: None,
-                    ..policy.server.clone()
-                };
-                listeners.spawn(server::serve(
-                    listener,
-                    gateway.clone(),
-                    settings,
-                    gateway::Listener::Decision,
-                    shutdown_signal.clone(),
-                ));
-                Some(bound)
-            }
-            None => None,
-        };
+        let bound = server::listen(&policy, &shared, &listeners, &shutdown_signal).await?;
         let (admin_listener, admin_address) = server::bind(policy.admin.listen).await?;
         tracing::info!(address = %admin_address, "admin listening (/metrics, /healthz, /readyz)");
         // The admin listener is not tracked: it keeps answering /readyz 503 while draining.
@@ -143,8 +108,8 @@ impl Tollgate {
         }
 
         Ok(Tollgate {
-            addresses,
-            decision_address,
+            addresses: bound.proxy,
+            decision_address: bound.decision,
             admin_address,
             grace_period: policy.server.grace_period,
             shared,
@@ -189,7 +154,8 @@ impl Tollgate {
     /// Reloads whenever the policy file's content changes (polled; cheap).
     pub fn watch_config_file(self: &Arc<Self>) {
         if let Some(path) = self.config_path.clone() {
-            background::spawn_config_watch(Arc::downgrade(self), path);
+            let gateway: Arc<dyn background::ReloadsFromFile> = self.clone();
+            background::spawn_config_watch(Arc::downgrade(&gateway), path);
         }
     }
 
@@ -224,5 +190,11 @@ impl Tollgate {
             tracing::warn!(grace_period = ?self.grace_period, "grace period over; closing remaining connections");
         }
         drained
+    }
+}
+
+impl background::ReloadsFromFile for Tollgate {
+    fn reload_from_file(&self) {
+        let _ = Tollgate::reload_from_file(self);
     }
 }

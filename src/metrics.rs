@@ -5,9 +5,11 @@
 //! increments counters without looking labels up.
 
 use prometheus::{
-    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter as SharedIntCounter, IntCounterVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };
+
+/// A counter shared by every thread (the request path's own are per thread: [`IntCounter`]).
+pub use prometheus::IntCounter as SharedIntCounter;
 
 pub use decision::{DecisionMetrics, DecisionProtocol, RlsMetrics, RLS_ROUTE};
 pub use labels::{Outcome, StatusClass, NO_ROUTE};
@@ -412,10 +414,7 @@ impl Metrics {
     pub fn for_rls(&self) -> RlsMetrics {
         RlsMetrics {
             outcomes: Outcome::ALL.map(|outcome| match outcome {
-                // Envoy's descriptors are decided as refused or not: a ban is a refusal there.
-                Outcome::NoRoute | Outcome::ShadowLimited | Outcome::Banned => {
-                    IntCounter::unexported()
-                }
+                Outcome::NoRoute | Outcome::ShadowLimited => IntCounter::unexported(),
                 _ => self.requests.int_counter(&[RLS_ROUTE, outcome.as_str()]),
             }),
             degraded: [

@@ -29,6 +29,21 @@ pub struct LimitReport<'a> {
 /// The reports of a request's enforcing limits, inline for the usual handful.
 pub type Reports<'a> = SmallVec<[LimitReport<'a>; 4]>;
 
+/// Whether a ban in force refused the request (rather than a bucket).
+pub fn banned(reports: &[LimitReport<'_>]) -> bool {
+    reports.iter().any(|report| report.refused && report.banned)
+}
+
+/// The names of the limits that refused, comma-separated (for logs and `X-Tollgate-Limit`).
+pub fn refusing(reports: &[LimitReport<'_>]) -> String {
+    let names: SmallVec<[&str; 4]> = reports
+        .iter()
+        .filter(|report| report.refused)
+        .map(|report| report.name)
+        .collect();
+    names.join(",")
+}
+
 /// Why the gateway answers a request itself. Small on purpose: every phase returns it in a
 /// `Result`, and what a 429 tells (its limits' reports) waits in the request's [`Reports`].
 #[derive(Debug, thiserror::Error)]

@@ -13,8 +13,12 @@ use crate::reject::{LimitReport, Reject};
 use crate::request_id::RequestId;
 use crate::upstream::ForwardError;
 
+mod forward_auth_answers;
 mod grpc_answers;
 
+pub use forward_auth_answers::{
+    forward_auth_admitted, forward_auth_rejection, name_route, undescribed,
+};
 pub use grpc_answers::{grpc_error, grpc_message, grpc_rejection};
 
 /// Header fields the gateway sets on a response, kept beside the response's header map until
@@ -274,9 +278,9 @@ pub fn too_many_requests(
     reports: &[LimitReport<'_>],
     fields: &mut SetFields,
 ) -> Response<Body> {
-    let retry_after = retry_after_seconds(refused_wait(reports));
+    let retry_after = refusal_retry_after(reports);
     // A ban in force says so: the client learns that waiting for tokens is not the point.
-    let banned = reports.iter().any(|report| report.refused && report.banned);
+    let banned = crate::reject::banned(reports);
     let (content_type, body) = match mode {
         HeaderMode::Legacy | HeaderMode::None if banned => (
             "application/json",
@@ -308,9 +312,25 @@ pub fn too_many_requests(
         }
     };
     fields.set(&CONTENT_TYPE_NAME, FieldValue::Static(content_type));
+    refusal_fields(retry_after, mode, reports, fields);
+    without_fields(StatusCode::TOO_MANY_REQUESTS, body)
+}
+
+/// What a refusal tells beside its body, whatever carries it (a 429, a gRPC decision's
+/// headers to add): `Retry-After`, and the rate-limit headers of `mode`.
+pub fn refusal_fields(
+    retry_after: u64,
+    mode: HeaderMode,
+    reports: &[LimitReport<'_>],
+    fields: &mut SetFields,
+) {
     fields.set(&RETRY_AFTER_NAME, FieldValue::Number(retry_after));
     add_ratelimit_headers(fields, mode, reports);
-    without_fields(StatusCode::TOO_MANY_REQUESTS, body)
+}
+
+/// `Retry-After` of a refusal: when the longest wait of the refusing limits ends.
+pub fn refusal_retry_after(reports: &[LimitReport<'_>]) -> u64 {
+    retry_after_seconds(refused_wait(reports))
 }
 
 /// `{"error":"too_many_requests","retry_after":N}`: the hottest answer under attack, written

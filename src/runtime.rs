@@ -6,9 +6,11 @@
 use std::sync::Arc;
 
 use crate::config::costs::{ReadCost, Settle};
-use crate::config::{DescriptorRule, Limit, Policy, Route};
+use crate::config::{DescriptorRule, Limit, Policy, Route, StoreFailurePolicy};
+use crate::limit::{BucketKey, BucketRequest, Charge, KeyParts};
 use crate::metrics::{
-    DecisionMetrics, LimitMetrics, Metrics, RlsMetrics, RouteMetrics, SettleMetrics, RLS_ROUTE,
+    DecisionMetrics, LimitMetrics, Metrics, RlsMetrics, RouteMetrics, SettleMetrics,
+    SharedIntCounter, RLS_ROUTE,
 };
 use crate::settle::Measuring;
 use crate::upstream::{UpstreamPool, UpstreamSetupError};
@@ -53,10 +55,15 @@ pub struct ServedRoute {
     pub settles: bool,
 }
 
-/// One of a route's limits, with what the route charges and where it counts.
+/// One of a route's limits (or of a gRPC descriptor rule), with what the route charges,
+/// what it does when the store fails, and where it counts.
 #[derive(Debug)]
 pub struct AppliedLimit {
     pub limit: Arc<Limit>,
+    /// The route's `on_store_failure` (a rule's own, for a descriptor rule's limit).
+    pub on_store_failure: StoreFailurePolicy,
+    /// Where a decision taken without the store counts: shared by a route's limits.
+    pub degraded: Arc<SharedIntCounter>,
     /// What a request reserves: fixed, or the default of `read_cost`.
     pub cost: f64,
     pub read_cost: Option<ReadCost>,
@@ -72,6 +79,24 @@ pub struct SettledLimit {
     /// `settle.measure`, compiled for reading responses.
     pub measuring: Measuring,
     pub metrics: SettleMetrics,
+}
+
+impl AppliedLimit {
+    /// The request for this limit's bucket of `key`, charged `charge`.
+    pub fn bucket(&self, key: KeyParts, charge: Charge) -> BucketRequest<'_> {
+        let limit = &*self.limit;
+        BucketRequest {
+            key: BucketKey {
+                limit: &limit.name,
+                fingerprint: limit.fingerprint,
+                parts: key,
+            },
+            charge,
+            adaptive: limit.adaptive.as_ref().map(|adaptive| adaptive.params),
+            lease: limit.lease,
+            ban: limit.ban,
+        }
+    }
 }
 
 impl AsRef<Route> for ServedRoute {
@@ -97,11 +122,15 @@ impl Runtime {
                     .find(|(upstream, _)| Arc::ptr_eq(upstream, &route.upstream))
                     .map(|(_, pool)| pool.clone())
                     .ok_or_else(|| UpstreamSetupError::NoPool(route.name.to_string()))?;
+                let route_metrics = metrics.for_route(route);
+                let degraded = Arc::new(route_metrics.degraded.clone());
                 let limits = route
                     .limits
                     .iter()
                     .map(|entry| AppliedLimit {
                         limit: entry.limit.clone(),
+                        on_store_failure: route.on_store_failure,
+                        degraded: degraded.clone(),
                         cost: entry.cost,
                         read_cost: entry.read_cost.clone(),
                         settled: entry.settle.clone().map(|settle| SettledLimit {
@@ -117,27 +146,32 @@ impl Runtime {
                     route: route.clone(),
                     limits,
                     upstream,
-                    metrics: metrics.for_route(route),
+                    metrics: route_metrics,
                 })
             })
             .collect::<Result<Vec<_>, UpstreamSetupError>>()?;
-        let decision = policy.decision.as_ref().map(|decision| DecisionRuntime {
-            metrics: metrics.for_decisions(),
-            rules: decision
-                .descriptors
-                .iter()
-                .map(|rule| ServedRule {
-                    applied: AppliedLimit {
-                        limit: rule.limit.clone(),
-                        cost: 1.0,
-                        read_cost: None,
-                        settled: None,
-                        metrics: metrics.for_route_limit(RLS_ROUTE, &rule.limit),
-                    },
-                    rule: rule.clone(),
-                })
-                .collect(),
-            rls: metrics.for_rls(),
+        let decision = policy.decision.as_ref().map(|decision| {
+            let rls = metrics.for_rls();
+            DecisionRuntime {
+                metrics: metrics.for_decisions(),
+                rules: decision
+                    .descriptors
+                    .iter()
+                    .map(|rule| ServedRule {
+                        applied: AppliedLimit {
+                            limit: rule.limit.clone(),
+                            on_store_failure: rule.on_store_failure,
+                            degraded: Arc::new(rls.degraded(rule.on_store_failure).clone()),
+                            cost: 1.0,
+                            read_cost: None,
+                            settled: None,
+                            metrics: metrics.for_route_limit(RLS_ROUTE, &rule.limit),
+                        },
+                        rule: rule.clone(),
+                    })
+                    .collect(),
+                rls,
+            }
         });
         Ok(Runtime {
             decision,

@@ -22,11 +22,16 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::config::{Http1Path, ServerSettings};
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Http1Path, Policy, ServerSettings};
+use crate::connection::{Answering, Connection, RequestBody};
+use crate::decision::DecisionService;
 use crate::errors::StartError;
-use crate::gateway::{Connection, Deciding, Gateway, Listener, Proxying, RequestBody};
+use crate::gateway::Gateway;
 use crate::limit::clock;
 use crate::respond::SetFields;
+use crate::shared::Shared;
 use client_hello::HelloRecorder;
 
 mod client_hello;
@@ -56,12 +61,72 @@ pub(crate) async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr
     Ok((listener, bound))
 }
 
+/// The bound addresses (ephemeral ports resolved) of the proxy listeners and the decision
+/// listener.
+pub(crate) struct Bound {
+    pub(crate) proxy: Vec<SocketAddr>,
+    pub(crate) decision: Option<SocketAddr>,
+}
+
+/// Binds the proxy listeners and, with `[decision]`, the decision listener, and serves each
+/// as a task of `listeners` until `shutdown`.
+pub(crate) async fn listen(
+    policy: &Policy,
+    shared: &Arc<Shared>,
+    listeners: &TaskTracker,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Bound, StartError> {
+    let gateway = Gateway {
+        shared: shared.clone(),
+    };
+    let mut proxy = Vec::with_capacity(policy.server.listen.len());
+    for address in &policy.server.listen {
+        let (listener, bound) = bind(*address).await?;
+        proxy.push(bound);
+        tracing::info!(address = %bound, "listening");
+        let settings = policy.server.clone();
+        let serving = serve(
+            listener,
+            shared.clone(),
+            gateway.clone(),
+            settings,
+            shutdown.clone(),
+        );
+        listeners.spawn(serving);
+    }
+    let Some(decision) = &policy.decision else {
+        return Ok(Bound {
+            proxy,
+            decision: None,
+        });
+    };
+    let (listener, bound) = bind(decision.listen).await?;
+    tracing::info!(address = %bound, "decision listener (forward-auth /decide, gRPC rate limit service)");
+    // Plain HTTP/1.1 and h2c: the proxies that ask are the operator's own.
+    let settings = ServerSettings {
+        tls: None,
+        ..policy.server.clone()
+    };
+    let service = DecisionService::new(gateway);
+    listeners.spawn(serve(
+        listener,
+        shared.clone(),
+        service,
+        settings,
+        shutdown.clone(),
+    ));
+    Ok(Bound {
+        proxy,
+        decision: Some(bound),
+    })
+}
+
 /// Accepts connections until shutdown; each connection is a task of the gateway's tracker.
-pub(crate) async fn serve(
+pub(crate) async fn serve<A: Answering>(
     listener: TcpListener,
-    gateway: Gateway,
+    shared: Arc<Shared>,
+    answering: A,
     settings: ServerSettings,
-    listener_kind: Listener,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let builder = Arc::new(connection_builder(&settings));
@@ -76,7 +141,7 @@ pub(crate) async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let peer = peer.ip().to_canonical();
-        let (gateway, builder, shutdown) = (gateway.clone(), builder.clone(), shutdown.clone());
+        let (answering, builder, shutdown) = (answering.clone(), builder.clone(), shutdown.clone());
         let guards = ConnectionGuards {
             own_http1: settings.http1 == Http1Path::Fast,
             max_head_bytes: settings.max_header_bytes.max(MIN_BUFFER),
@@ -86,21 +151,15 @@ pub(crate) async fn serve(
         // Spawned boxed: a task's cell is written when it is spawned and again when it ends,
         // and a connection's future is kilobytes (a flood of one request per connection paid
         // for three copies of it).
-        let tasks = gateway.shared.tasks.clone();
+        let tasks = &shared.tasks;
         if tls {
-            let serving = serve_tls(
-                stream,
-                peer,
-                listener_kind,
-                gateway,
-                builder,
-                guards,
-                shutdown,
-            );
+            let acceptor = shared.tls.load_full();
+            let serving = serve_tls(stream, peer, acceptor, answering, builder, guards, shutdown);
             tasks.spawn(Box::pin(serving));
         } else {
-            let connection = Connection::new(peer, "http", listener_kind);
-            let serving = serve_connection(stream, connection, gateway, builder, guards, shutdown);
+            let connection = Connection::new(peer, "http");
+            let serving =
+                serve_connection(stream, connection, answering, builder, guards, shutdown);
             tasks.spawn(Box::pin(serving));
         }
     }
@@ -109,28 +168,29 @@ pub(crate) async fn serve(
 
 /// A TLS connection: its handshake (recording the ClientHello for its JA4) within the header
 /// read timeout, then its requests.
-async fn serve_tls(
+async fn serve_tls<A: Answering>(
     stream: TcpStream,
     peer: std::net::IpAddr,
-    listener_kind: Listener,
-    gateway: Gateway,
+    acceptor: Option<Arc<tokio_rustls::TlsAcceptor>>,
+    answering: A,
     builder: Arc<auto::Builder<TokioExecutor>>,
     guards: ConnectionGuards,
     shutdown: watch::Receiver<bool>,
 ) {
-    let Some(acceptor) = gateway.shared.tls.load_full() else {
+    let Some(acceptor) = acceptor else {
         return;
     };
     let handshake = acceptor.accept(HelloRecorder::new(stream));
     match tokio::time::timeout(guards.header_read_timeout, handshake).await {
         Ok(Ok(mut stream)) => {
-            let mut connection = Connection::new(peer, "https", listener_kind);
+            let mut connection = Connection::new(peer, "https");
             connection.ja4 = stream.get_mut().0.fingerprint().map(Arc::from);
             let guards = ConnectionGuards {
                 own_http1: guards.own_http1 && stream.get_ref().1.alpn_protocol() != Some(b"h2"),
                 ..guards
             };
-            let serving = serve_connection(stream, connection, gateway, builder, guards, shutdown);
+            let serving =
+                serve_connection(stream, connection, answering, builder, guards, shutdown);
             Box::pin(serving).await;
         }
         Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
@@ -167,10 +227,10 @@ fn connection_builder(settings: &ServerSettings) -> auto::Builder<TokioExecutor>
     builder
 }
 
-async fn serve_connection<S>(
+async fn serve_connection<S, A: Answering>(
     stream: S,
     connection: Connection,
-    gateway: Gateway,
+    answering: A,
     builder: Arc<auto::Builder<TokioExecutor>>,
     guards: ConnectionGuards,
     shutdown: watch::Receiver<bool>,
@@ -193,13 +253,10 @@ async fn serve_connection<S>(
             watchdog: &mut watchdog,
             shutdown: &shutdown,
             guards: &guards,
-            gateway: &gateway,
+            answering: &answering,
             connection: &connection,
         };
-        let ending = match connection.listener {
-            Listener::Proxy => Box::pin(http1::serve::<_, Proxying>(own)).await,
-            Listener::Decision => Box::pin(http1::serve::<_, Deciding>(own)).await,
-        };
+        let ending = Box::pin(http1::serve(own)).await;
         if ending == http1::Ending::Closed {
             return;
         }
@@ -207,11 +264,11 @@ async fn serve_connection<S>(
     stream.read_ahead = buffer.freeze();
     let peer = connection.peer;
     let answer = move |request: Request<Incoming>| {
-        let (gateway, connection) = (gateway.clone(), connection.clone());
+        let (answering, connection) = (answering.clone(), connection.clone());
         async move {
             let request = request.map(RequestBody::Incoming);
             let mut fields = SetFields::default();
-            let mut response = gateway.handle(request, &connection, &mut fields).await;
+            let mut response = answering.answer(request, &connection, &mut fields).await;
             fields.apply(response.headers_mut());
             response
         }

@@ -287,6 +287,56 @@ async fn a_stopped_store_is_met_by_each_rules_own_policy_and_buckets_are_shared(
     gateway.shutdown().await;
 }
 
+/// A ban decided through `ShouldRateLimit` is a ban: counted as `banned` under `rls`, as on
+/// the proxy listener, and told to Envoy as a refusal with the ban's rest.
+#[tokio::test]
+async fn a_ban_over_grpc_counts_as_banned() {
+    let policy = RULES.replace(
+        "[limits.search]\nkey = \"global\"\ncapacity = 5\nrate = \"1/h\"\n",
+        "[limits.search]\nkey = \"global\"\ncapacity = 1\nrate = \"1/h\"\n[limits.search.ban]\nafter = 2\nwithin = \"1m\"\nduration = \"15m\"\n",
+    );
+    assert_ne!(policy, RULES, "the ban is in the policy");
+    let (gateway, mut rls) = start(&policy).await;
+    let search = || vec![descriptor(&[("generic_key", "search")])];
+    assert_eq!(
+        call(&mut rls, search(), 0).await.overall_code,
+        Code::Ok as i32
+    );
+    // Two refusals by the bucket; the second begins the ban.
+    for _ in 0..2 {
+        let refused = call(&mut rls, search(), 0).await;
+        assert_eq!(refused.overall_code, Code::OverLimit as i32);
+    }
+    let banned = call(&mut rls, search(), 0).await;
+    assert_eq!(banned.overall_code, Code::OverLimit as i32);
+    assert_eq!(banned.statuses[0].code, Code::OverLimit as i32);
+    let retry_after: u64 = header(&banned, "retry-after").unwrap().parse().unwrap();
+    assert!(
+        retry_after > 800,
+        "the ban's rest, not the bucket's wait: {retry_after}"
+    );
+    let scrape = gateway.render_metrics();
+    assert_metrics(
+        &scrape,
+        &[
+            ("tollgate_bans_total{limit=\"search\"}", 1.0),
+            (
+                "tollgate_requests_total{outcome=\"banned\",route=\"rls\"}",
+                1.0,
+            ),
+            (
+                "tollgate_requests_total{outcome=\"limited\",route=\"rls\"}",
+                2.0,
+            ),
+            (
+                "tollgate_decision_requests_total{outcome=\"banned\",protocol=\"grpc\"}",
+                1.0,
+            ),
+        ],
+    );
+    gateway.shutdown().await;
+}
+
 #[tokio::test]
 async fn what_is_not_a_call_is_answered_as_grpc_answers_it() {
     let (gateway, _) = start(RULES).await;

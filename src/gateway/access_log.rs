@@ -7,57 +7,74 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 
-use super::Listener;
 use crate::geoip::Origin;
 use crate::limit::clock;
 use crate::metrics::{DecisionProtocol, IntCounter, Outcome};
 use crate::reject::Cause;
 use crate::request_id::RequestId;
 
+/// Which listener a request came in on (the line's `listener`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Listener {
+    /// Requests are decided and forwarded upstream.
+    Proxy,
+    /// Other proxies ask about their requests (`[decision]`); nothing is forwarded.
+    Decision,
+}
+
+impl Listener {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Listener::Proxy => "proxy",
+            Listener::Decision => "decision",
+        }
+    }
+}
+
 /// A line held until a settlement writes it, with the response's status.
-pub(super) type DeferredLine = Arc<Mutex<Option<(Exchange<'static>, StatusCode)>>>;
+pub(crate) type DeferredLine = Arc<Mutex<Option<(Exchange<'static>, StatusCode)>>>;
 
 /// One line of the access log, and the request's count in `tollgate_requests_total` when its
 /// client leaves before the answer.
-pub(super) struct Exchange<'r> {
+pub(crate) struct Exchange<'r> {
     /// When the request came in; read only when the access log is on (a clock read per
     /// request is not free on a virtual machine).
-    pub(super) started: Option<Instant>,
-    pub(super) method: Method,
-    pub(super) path: String,
-    pub(super) client: Option<IpAddr>,
+    pub(crate) started: Option<Instant>,
+    pub(crate) method: Method,
+    pub(crate) path: String,
+    pub(crate) client: Option<IpAddr>,
     /// What `[geoip]` says of the client, and the connection's TLS fingerprint.
-    pub(super) origin: Origin,
-    pub(super) ja4: Option<Arc<str>>,
+    pub(crate) origin: Origin,
+    pub(crate) ja4: Option<Arc<str>>,
     /// Only the access log reads it, like `started` and `limit`.
-    pub(super) route: Option<Arc<str>>,
-    pub(super) outcome: Option<Outcome>,
+    pub(crate) route: Option<Arc<str>>,
+    pub(crate) outcome: Option<Outcome>,
     /// Who caused a request to end early, when something did.
-    pub(super) cause: Option<Cause>,
-    pub(super) limit: Option<String>,
+    pub(crate) cause: Option<Cause>,
+    pub(crate) limit: Option<String>,
     /// Each applied limit's store key (`per_account=h:3f9a…,per_network=v4:…/32`): hashed,
     /// never a clear value, and what a replay of the log keys its buckets by.
-    pub(super) keys: Option<String>,
-    pub(super) upstream: Option<Duration>,
-    pub(super) request_id: RequestId,
+    pub(crate) keys: Option<String>,
+    pub(crate) upstream: Option<Duration>,
+    pub(crate) request_id: RequestId,
     /// The counter of the outcome the request was admitted with, until the answer is known:
     /// a request whose client leaves before then (its future dropped) is counted on drop, so
     /// that every admitted request is counted exactly once.
-    pub(super) admitted_as: Option<&'r IntCounter>,
-    pub(super) listener: Listener,
+    pub(crate) admitted_as: Option<&'r IntCounter>,
+    pub(crate) listener: Listener,
     /// `grpc` for Envoy's rate limit service, else `http`.
-    pub(super) protocol: DecisionProtocol,
+    pub(crate) protocol: DecisionProtocol,
     /// Per settled limit, what the request reserved and what its response settled
     /// (`limit=tokens`), once the response has ended.
-    pub(super) reserved: Option<String>,
-    pub(super) settled: Option<String>,
+    pub(crate) reserved: Option<String>,
+    pub(crate) settled: Option<String>,
     /// Where the line goes instead of the log when a settlement writes it, later.
-    pub(super) deferred: Option<DeferredLine>,
+    pub(crate) deferred: Option<DeferredLine>,
     logged: bool,
 }
 
 impl<'r> Exchange<'r> {
-    pub(super) fn new(method: Method, request_id: RequestId) -> Exchange<'r> {
+    pub(crate) fn new(method: Method, request_id: RequestId) -> Exchange<'r> {
         Exchange {
             started: enabled().then(clock::instant),
             method,
@@ -82,7 +99,15 @@ impl<'r> Exchange<'r> {
         }
     }
 
-    pub(super) fn log(&mut self, status: StatusCode) {
+    /// What the line says of the client besides its address: its origin and fingerprint.
+    pub(crate) fn note_client(&mut self, origin: Origin, ja4: Option<&str>) {
+        if enabled() {
+            self.origin = origin;
+            self.ja4 = ja4.map(Arc::from);
+        }
+    }
+
+    pub(crate) fn log(&mut self, status: StatusCode) {
         self.logged = true;
         if let Some(deferred) = self.deferred.take() {
             if let Ok(mut slot) = deferred.lock() {
@@ -136,7 +161,7 @@ impl Drop for Exchange<'_> {
 }
 
 /// `limit=key` for each bucket, comma-separated: the store keys without their prefix.
-pub(super) fn keys(buckets: &[crate::limit::BucketRequest<'_>]) -> String {
+pub(crate) fn keys(buckets: &[crate::limit::BucketRequest<'_>]) -> String {
     let mut text = String::new();
     for bucket in buckets {
         if !text.is_empty() {
@@ -150,7 +175,7 @@ pub(super) fn keys(buckets: &[crate::limit::BucketRequest<'_>]) -> String {
 }
 
 /// Whether access lines are written: what only the log reads is not worked out otherwise.
-pub(super) fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     tracing::enabled!(target: "tollgate::access", tracing::Level::INFO)
 }
 

@@ -3,11 +3,8 @@
 //! would have, and what the client is told. The gateway records each bucket's share in the
 //! metrics as it is told it.
 
-use smallvec::SmallVec;
-
 use crate::limit::{BucketRequest, StoreVerdict};
-use crate::reject::LimitReport;
-use crate::reject::Reports;
+use crate::reject::{LimitReport, Reports};
 
 /// A decision, accounted for (each bucket's share went to the caller, what the client is told
 /// into the request's reports).
@@ -25,6 +22,11 @@ pub struct Accounting {
 pub struct BucketAccount<L> {
     /// The route limit it belongs to (the handle the caller paired the bucket with).
     pub limit: L,
+    /// The bucket's place among the request's buckets.
+    pub position: usize,
+    /// Tokens left after the decision, and seconds until the bucket is full again.
+    pub tokens: f64,
+    pub full_in: f64,
     /// Tokens left over capacity, within [0, 1].
     pub fill_ratio: f64,
     /// Tokens charged (0 unless the request was admitted and the bucket could pay, or booked
@@ -60,7 +62,7 @@ where
         shadow_refused: false,
         delay: 0.0,
     };
-    for ((limit, bucket), verdict) in buckets.zip(decision.verdicts()) {
+    for (position, ((limit, bucket), verdict)) in buckets.zip(decision.verdicts()).enumerate() {
         if !verdict.observed {
             continue;
         }
@@ -68,6 +70,9 @@ where
         let paid = admitted && (verdict.sufficient || verdict.booked);
         share(BucketAccount {
             limit,
+            position,
+            tokens: verdict.tokens,
+            full_in: verdict.full_in,
             fill_ratio: (verdict.tokens / verdict.capacity).clamp(0.0, 1.0),
             charged: if paid { bucket.charge.cost } else { 0.0 },
             paid,
@@ -96,25 +101,11 @@ where
     accounting
 }
 
-/// Whether a ban in force refused the request (rather than a bucket).
-pub fn banned(reports: &[LimitReport<'_>]) -> bool {
-    reports.iter().any(|report| report.refused && report.banned)
-}
-
-/// The names of the limits that refused, comma-separated (for logs).
-pub fn refusing(reports: &[LimitReport<'_>]) -> String {
-    let names: SmallVec<[&str; 4]> = reports
-        .iter()
-        .filter(|report| report.refused)
-        .map(|report| report.name)
-        .collect();
-    names.join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limit::{BucketKey, Charge, KeyParts, Verdict, Verdicts};
+    use crate::reject::refusing;
 
     /// The accounting, each bucket's share and the reports.
     /// Buckets paired with their position in the route's list as the handle.

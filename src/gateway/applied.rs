@@ -9,40 +9,40 @@ use crate::runtime::AppliedLimit;
 
 /// What the request asks of each applicable limit, with the limit, in the route's order.
 #[derive(Debug)]
-pub(super) struct Applied<'r, T> {
+pub(crate) struct Applied<'r, T> {
     requests: SmallVec<[T; 4]>,
     limits: SmallVec<[&'r AppliedLimit; 4]>,
 }
 
 impl<'r, T> Applied<'r, T> {
-    pub(super) fn new() -> Applied<'r, T> {
+    pub(crate) fn new() -> Applied<'r, T> {
         Applied {
             requests: SmallVec::new(),
             limits: SmallVec::new(),
         }
     }
 
-    pub(super) fn push(&mut self, limit: &'r AppliedLimit, request: T) {
+    pub(crate) fn push(&mut self, limit: &'r AppliedLimit, request: T) {
         self.requests.push(request);
         self.limits.push(limit);
     }
 
     /// The requests, as the stores take them.
-    pub(super) fn requests(&self) -> &[T] {
+    pub(crate) fn requests(&self) -> &[T] {
         &self.requests
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.requests.is_empty()
     }
 
     /// Each request with its limit.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&'r AppliedLimit, &T)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&'r AppliedLimit, &T)> + '_ {
         self.limits.iter().copied().zip(&self.requests)
     }
 }
 
 /// Whether `a` and `b` are the same compiled route limit.
-pub(super) fn same(a: &AppliedLimit, b: &AppliedLimit) -> bool {
+pub(crate) fn same(a: &AppliedLimit, b: &AppliedLimit) -> bool {
     std::ptr::eq(a, b)
 }

@@ -11,22 +11,22 @@ use crate::upstream::X_FORWARDED_FOR;
 /// request path looks up by name the request carries. Most requests carry none of them, and
 /// looking up a missing name still costs a hash and a probe.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct FieldScan {
+pub(crate) struct FieldScan {
     /// Names and values, with 4 bytes per field for `: ` and the line end.
     bytes: usize,
     forwarded_for: bool,
     /// `Forwarded` or `X-Real-IP`: what a client may send to pose as another address.
-    pub(super) other_forwarding: bool,
-    pub(super) request_id: bool,
-    pub(super) transfer_encoding: bool,
+    pub(crate) other_forwarding: bool,
+    pub(crate) request_id: bool,
+    pub(crate) transfer_encoding: bool,
     content_length: bool,
-    pub(super) upgrade: bool,
+    pub(crate) upgrade: bool,
     /// `content-type` names gRPC: the gateway's own answers are given as gRPC status.
-    pub(super) grpc: bool,
+    pub(crate) grpc: bool,
 }
 
 impl FieldScan {
-    pub(super) fn of(headers: &HeaderMap) -> FieldScan {
+    pub(crate) fn of(headers: &HeaderMap) -> FieldScan {
         let mut scan = FieldScan::default();
         for (name, value) in headers {
             let name = name.as_str();
@@ -50,11 +50,11 @@ impl FieldScan {
 
     /// The `X-Forwarded-For` values of `headers` (the scanned ones, or what is left of them).
     /// Whether the request carries `X-Forwarded-For`.
-    pub(super) fn forwarded_for_present(&self) -> bool {
+    pub(crate) fn forwarded_for_present(&self) -> bool {
         self.forwarded_for
     }
 
-    pub(super) fn forwarded_for<'h>(
+    pub(crate) fn forwarded_for<'h>(
         &self,
         headers: &'h HeaderMap,
     ) -> impl Iterator<Item = &'h HeaderValue> {
@@ -66,7 +66,7 @@ impl FieldScan {
 }
 
 /// Request-level checks before routing; returns the request's host (Host or :authority).
-pub(super) fn check_request<B>(
+pub(crate) fn check_request<B>(
     request: &Request<B>,
     scan: &FieldScan,
     max_header_bytes: usize,
@@ -199,7 +199,7 @@ const REG_NAME_BYTES: [bool; 256] = {
     table
 };
 
-pub(super) fn host_without_port(host: &HeaderValue) -> String {
+pub(crate) fn host_without_port(host: &HeaderValue) -> String {
     crate::route::host_name(host.to_str().unwrap_or_default())
 }
 

@@ -1,36 +1,39 @@
 //! The decide phase: one decision for all of a request's buckets and concurrency slots, from
-//! the store, or as the route's `on_store_failure` says when the store fails; counted in the
-//! limits' metrics.
+//! the store, or as the limits' `on_store_failure` says when the store fails; counted in the
+//! limits' metrics. The proxy's requests and those the decision service is asked about (by
+//! forward-auth and by gRPC) are decided here alike.
+
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 
 use super::access_log::{self, Exchange};
 use super::accounting::{self, BucketAccount};
-use super::slots::{self, SlotRequests};
-use super::{Buckets, Gateway};
+use super::slots;
+use super::{Buckets, Gateway, Requested};
 use crate::config::StoreFailurePolicy;
 use crate::limit::concurrency::{Leased, Leasing};
 use crate::limit::redis::PendingSlotLeases;
 use crate::limit::{clock, BucketRequest, Held, Store, StoreError, StoreVerdict};
-use crate::metrics::Outcome;
-use crate::reject::{Reject, Reports};
-use crate::runtime::{AppliedLimit, ServedRoute};
+use crate::metrics::{Outcome, SharedIntCounter};
+use crate::reject::{banned, refusing, Reject, Reports};
+use crate::runtime::AppliedLimit;
 
 /// A request its limits let through, and on what grounds.
-pub(super) struct Admission<'r> {
-    pub(super) outcome: Outcome,
-    pub(super) decider: Decider,
+pub(crate) struct Admission<'r> {
+    pub(crate) outcome: Outcome,
+    pub(crate) decider: Decider,
     /// Seconds to hold the request for tokens it booked (`on_limit = "delay"`), and the
     /// route limits whose buckets the decision charged (their cost, zero too).
-    pub(super) delay: f64,
-    pub(super) charged: SmallVec<[&'r AppliedLimit; 4]>,
+    pub(crate) delay: f64,
+    pub(crate) charged: SmallVec<[&'r AppliedLimit; 4]>,
     /// The slots of its concurrency limits, held until its response ends.
-    pub(super) slots: Option<Held>,
+    pub(crate) slots: Option<Held>,
 }
 
 /// Which store took a request's decision (and so receives its response hooks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Decider {
+pub(crate) enum Decider {
     Store,
     /// The in-process buckets of `on_store_failure = "local"`.
     Local,
@@ -38,24 +41,48 @@ pub(super) enum Decider {
     Nobody,
 }
 
+/// Told each observed bucket's share of a decision, with the bucket's position among the
+/// request's buckets: what a gRPC answer says of each descriptor.
+pub(crate) trait Observer<'r> {
+    fn observe(&mut self, position: usize, share: &BucketAccount<&'r AppliedLimit>);
+}
+
+/// The proxy's requests: their shares go to the metrics only.
+pub(crate) struct NoObserver;
+
+impl Observer<'_> for NoObserver {
+    #[inline(always)]
+    fn observe(&mut self, _: usize, _: &BucketAccount<&AppliedLimit>) {}
+}
+
+impl<'r, F: FnMut(usize, &BucketAccount<&'r AppliedLimit>)> Observer<'r> for F {
+    fn observe(&mut self, position: usize, share: &BucketAccount<&'r AppliedLimit>) {
+        self(position, share)
+    }
+}
+
 impl Gateway {
     /// One decision for all of the request's buckets and concurrency slots: from the store,
-    /// or as the route's `on_store_failure` says when the store fails. Counts it in the
-    /// limits' metrics.
-    pub(super) async fn decide<'r>(
+    /// or, when the store fails, as the limits' `on_store_failure` says. Counts it in the
+    /// limits' metrics; `route` names the route in the log.
+    pub(crate) async fn decide<'r>(
         &self,
-        route: &'r ServedRoute,
-        buckets: &Buckets<'r>,
-        slot_requests: &SlotRequests<'r>,
+        route: &str,
+        requested: &Requested<'r>,
         exchange: &mut Exchange<'_>,
         reports: &mut Reports<'r>,
+        mut observer: impl Observer<'r>,
     ) -> Result<Admission<'r>, Reject> {
+        let Requested {
+            buckets,
+            slots: slot_requests,
+        } = requested;
         let refused = |exchange: &mut Exchange<'_>, reports: &Reports<'r>| {
             if access_log::enabled() {
-                exchange.limit = Some(accounting::refusing(reports));
+                exchange.limit = Some(refusing(reports));
             }
-            tracing::debug!(route = %route.route.name, limits = %accounting::refusing(reports), "refused");
-            if accounting::banned(reports) {
+            tracing::debug!(route, limits = %refusing(reports), "refused");
+            if banned(reports) {
                 Reject::Banned
             } else {
                 Reject::Limited
@@ -75,35 +102,28 @@ impl Gateway {
             None => slots::take_local(&self.shared, slot_requests, reports)
                 .map_err(|_| refused(exchange, reports))?,
         };
-        let admitted_unlimited = |outcome, slots| Admission {
-            outcome,
-            decider: Decider::Nobody,
-            delay: 0.0,
-            charged: SmallVec::new(),
-            slots,
-        };
         if buckets.is_empty() && leases.is_none() {
-            return Ok(admitted_unlimited(Outcome::Allowed, held));
+            return Ok(Admission::unlimited(Outcome::Allowed, held));
         }
         let leasing = leases
             .as_ref()
             .map(|leases| leases.leasing(slot_requests.requests()));
         let decision = self.store_decision(buckets.requests(), leasing.as_ref());
-        let (decision, decider) = match decision.await {
+        let (decision, decided, decider) = match decision.await {
             Ok((decision, leased)) => {
                 if let Some(leases) = leases {
                     held = slots::settle_leases(leases, leased, slot_requests, reports);
                 }
-                (decision, Decider::Store)
+                (decision, None, Decider::Store)
             }
             Err(error) => {
                 if let (Some(leases), StoreError::Unavailable) = (leases, &error) {
                     leases.none_taken();
                 }
-                route.metrics.degraded.inc();
-                match route.route.on_store_failure {
+                count_degraded(requested);
+                match in_force(requested) {
                     StoreFailurePolicy::Allow => {
-                        return Ok(admitted_unlimited(Outcome::DegradedAllowed, held))
+                        return Ok(Admission::unlimited(Outcome::DegradedAllowed, held))
                     }
                     StoreFailurePolicy::Deny => return Err(Reject::StoreUnavailable),
                     StoreFailurePolicy::Local => {
@@ -111,21 +131,26 @@ impl Gateway {
                             held = slots::take_local(&self.shared, slot_requests, reports)
                                 .map_err(|_| refused(exchange, reports))?;
                         }
-                        (self.shared.local.decide(buckets.requests()), Decider::Local)
+                        let local = local_buckets(buckets);
+                        (
+                            self.shared.local.decide(local.requests()),
+                            Some(local),
+                            Decider::Local,
+                        )
                     }
                 }
             }
         };
-        admission(&decision, decider, buckets, held, reports)
+        let decided = decided.as_ref().unwrap_or(buckets);
+        admission(&decision, decider, decided, held, reports, &mut observer)
             .ok_or_else(|| refused(exchange, reports))
     }
 
     /// The store's decision; a failure is timed, counted and logged here (an open circuit,
     /// which made no call, only timed).
-    // Inlined into the request path as before the gRPC path shared it (1.9 % fewer
-    // instructions per refusal than when called).
+    // Inlined into the request path (1.9 % fewer instructions per refusal than when called).
     #[inline(always)]
-    pub(super) async fn store_decision(
+    async fn store_decision(
         &self,
         buckets: &[BucketRequest<'_>],
         leasing: Option<&Leasing<'_>>,
@@ -156,6 +181,65 @@ impl Gateway {
     }
 }
 
+impl Admission<'_> {
+    /// Admitted without a bucket's word: none applied, or the store failed and the limits
+    /// allow.
+    fn unlimited(outcome: Outcome, slots: Option<Held>) -> Self {
+        Admission {
+            outcome,
+            decider: Decider::Nobody,
+            delay: 0.0,
+            charged: SmallVec::new(),
+            slots,
+        }
+    }
+}
+
+/// What the limits of a request say to do without the store: `deny` if any of them says so
+/// (503), else `local` if any does (in-process buckets decide those limits), else `allow`. A
+/// route's limits all say what the route says; a gRPC call's each say their rule's.
+fn in_force(requested: &Requested<'_>) -> StoreFailurePolicy {
+    let policies = || {
+        let buckets = requested.buckets.iter().map(|(limit, _)| limit);
+        buckets.chain(requested.slots.iter().map(|(limit, _)| limit))
+    };
+    let says = |policy| policies().any(|limit| limit.on_store_failure == policy);
+    if says(StoreFailurePolicy::Deny) {
+        StoreFailurePolicy::Deny
+    } else if says(StoreFailurePolicy::Local) {
+        StoreFailurePolicy::Local
+    } else {
+        StoreFailurePolicy::Allow
+    }
+}
+
+/// Counts a decision taken without the store, once for each of its limits' counters (a
+/// route's limits share the route's).
+fn count_degraded(requested: &Requested<'_>) {
+    let mut counted: SmallVec<[&Arc<SharedIntCounter>; 4]> = SmallVec::new();
+    let buckets = requested.buckets.iter().map(|(limit, _)| limit);
+    for limit in buckets.chain(requested.slots.iter().map(|(limit, _)| limit)) {
+        if !counted
+            .iter()
+            .any(|seen| Arc::ptr_eq(seen, &limit.degraded))
+        {
+            limit.degraded.inc();
+            counted.push(&limit.degraded);
+        }
+    }
+}
+
+/// The buckets of limits that say `local`: the in-process buckets decide them.
+fn local_buckets<'r>(buckets: &Buckets<'r>) -> Buckets<'r> {
+    let mut local = Buckets::new();
+    for (limit, bucket) in buckets.iter() {
+        if limit.on_store_failure == StoreFailurePolicy::Local {
+            local.push(limit, bucket.clone());
+        }
+    }
+    local
+}
+
 /// What `decision` means for the request: each bucket's share recorded in its limit's metrics,
 /// and the request's admission, or `None` when an enforcing limit refused it (its `slots` are
 /// then given back).
@@ -165,12 +249,14 @@ fn admission<'r>(
     buckets: &Buckets<'r>,
     slots: Option<Held>,
     reports: &mut Reports<'r>,
+    observer: &mut impl Observer<'r>,
 ) -> Option<Admission<'r>> {
     let mut charged = SmallVec::new();
     let accounting = accounting::account(buckets.iter(), decision, reports, |share| {
         if share.paid {
             charged.push(share.limit);
         }
+        observer.observe(share.position, &share);
         record_share(share)
     });
     if !accounting.admitted {
@@ -192,7 +278,7 @@ fn admission<'r>(
 
 /// Records a bucket's share of a decision in the metrics of its limit.
 #[inline(always)]
-pub(super) fn record_share(share: BucketAccount<&AppliedLimit>) {
+fn record_share(share: BucketAccount<&AppliedLimit>) {
     let metrics = &share.limit.metrics;
     metrics.fill_ratio.observe(share.fill_ratio);
     if share.charged > 0.0 {

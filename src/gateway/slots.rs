@@ -13,7 +13,7 @@ use crate::runtime::AppliedLimit;
 use crate::shared::Shared;
 
 /// A request's slot requests, each with its route limit.
-pub(super) type SlotRequests<'r> = Applied<'r, SlotRequest>;
+pub(crate) type SlotRequests<'r> = Applied<'r, SlotRequest>;
 
 /// A limit's slots as the rate-limit headers tell them: `concurrency` slots, the free ones
 /// after this request, a second until one may free up.
@@ -60,7 +60,7 @@ fn settle<'r>(
 
 /// Takes the request's slots in this process (the memory store, or `on_store_failure =
 /// "local"`): all or none; `None` when its route has no concurrency limit that applies.
-pub(super) fn take_local<'r>(
+pub(crate) fn take_local<'r>(
     shared: &Shared,
     requests: &SlotRequests<'r>,
     reports: &mut Reports<'r>,
@@ -82,7 +82,7 @@ pub(super) fn take_local<'r>(
 
 /// Reports what the decision did with a request's pending leases, and holds them if it took
 /// them.
-pub(super) fn settle_leases<'r>(
+pub(crate) fn settle_leases<'r>(
     pending: PendingSlotLeases,
     leased: Leased,
     requests: &SlotRequests<'r>,

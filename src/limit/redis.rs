@@ -14,6 +14,7 @@
 //! replica-local deny cache refuses requests on buckets Redis just reported empty without a
 //! round trip.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +51,25 @@ use super::clock::{self, Clock};
 use super::deny_cache::DenyCache;
 use super::lease::Leases;
 use super::{AdaptiveParams, OutcomeRequest, StoreError};
-use crate::config::RedisSettings;
+
+#[derive(Debug, Clone, PartialEq)]
+/// How the Redis store reaches its nodes (`[store]` with `backend = "redis"`, compiled).
+pub struct RedisSettings {
+    /// Connection URLs: one for a single node, the seed nodes of a Cluster.
+    pub nodes: Vec<String>,
+    pub cluster: bool,
+    /// A store call slower than this is a store failure.
+    pub timeout: Duration,
+    /// How long one (re)connection to a node may take.
+    pub connect_timeout: Duration,
+    /// Prepended to every key: `<prefix><limit>:<key>`.
+    pub prefix: String,
+    /// PEM roots for `rediss://`; `None`: the system's.
+    pub ca_file: Option<PathBuf>,
+    /// How long a concurrency slot lasts in Redis unless renewed (its request renews it while
+    /// in flight): what a replica that dies holds for at most.
+    pub lease: Duration,
+}
 
 /// Slots of a Redis Cluster.
 const SLOTS: usize = 16384;

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use super::{ConnectionGuards, Watchdog};
 use crate::body::Body;
-use crate::gateway::{self, Answering, Gateway, RequestBody};
+use crate::connection::{Answering, Connection, RequestBody};
 use crate::limit::clock;
 use crate::respond::SetFields;
 use crate::wire::header_names::KnownNames;
@@ -39,21 +39,21 @@ pub(super) enum Ending {
 
 /// A connection the own path serves: its stream with the bytes read ahead, its guards, and
 /// the gateway that answers its requests.
-pub(super) struct Accepted<'c, S> {
+pub(super) struct Accepted<'c, S, A> {
     pub(super) io: &'c mut S,
     pub(super) buffer: &'c mut BytesMut,
     pub(super) watchdog: &'c mut Watchdog,
     pub(super) shutdown: &'c watch::Receiver<bool>,
     pub(super) guards: &'c ConnectionGuards,
-    pub(super) gateway: &'c Gateway,
-    pub(super) connection: &'c gateway::Connection,
+    pub(super) answering: &'c A,
+    pub(super) connection: &'c Connection,
 }
 
 /// Serves requests from `io` until the connection closes or a request needs hyper, each
-/// answered as `Listener` answers. A head longer than `guards.max_head_bytes` goes to hyper
+/// answered by `answering`. A head longer than `guards.max_head_bytes` goes to hyper
 /// (its 431); a head must be complete within `guards.header_read_timeout` of its first byte
 /// (of the accept, for the first one).
-pub(super) async fn serve<S, Listener: Answering>(own: Accepted<'_, S>) -> Ending
+pub(super) async fn serve<S, A: Answering>(own: Accepted<'_, S, A>) -> Ending
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -63,7 +63,7 @@ where
         watchdog,
         shutdown,
         guards,
-        gateway,
+        answering,
         connection,
     } = own;
     let mut http1 = Http1 {
@@ -96,8 +96,7 @@ where
         fields.clear();
         let response = {
             // Pinned where it is made: the request's future is kilobytes, not to be moved.
-            let handling =
-                std::pin::pin!(Listener::answer(gateway, request, connection, &mut fields));
+            let handling = std::pin::pin!(answering.answer(request, connection, &mut fields));
             http1.answer(handling).await
         };
         let Some(response) = response else {

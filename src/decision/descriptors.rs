@@ -1,6 +1,6 @@
 //! Envoy's rate limit service as tollgate reads it (pure): which `[[decision.descriptors]]`
 //! rule a descriptor matches, the bucket key its values make, and how a limit is described
-//! back to Envoy (`current_limit`). The gRPC exchange itself is `gateway/rls.rs`.
+//! back to Envoy (`current_limit`). The gRPC exchange itself is `rls.rs`.
 
 use std::net::IpAddr;
 

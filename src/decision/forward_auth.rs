@@ -1,26 +1,33 @@
 //! Forward-auth on the decision listener (nginx `auth_request`, Caddy `forward_auth`, Traefik
 //! `ForwardAuth`): the original request a sub-request describes, its client as the asking
-//! proxy saw it, and the answers the asking proxy reads. Between them the request goes
-//! through the proxy listener's own phases, up to the decision.
+//! proxy saw it, and the phases it goes through ([`Asked`]): the proxy's own, up to the
+//! admission. `respond.rs` writes the answers the asking proxy reads.
 
 use std::net::IpAddr;
 
 use http::header::{HeaderName, HOST};
 use http::{HeaderMap, Method, Request, Response, Uri};
 
-use super::{accounting, RequestBody, Routed};
 use crate::body::Body;
 use crate::client_ip::{self, AskedError};
+use crate::connection::{Connection, RequestBody};
+use crate::gateway::access_log::{Exchange, Listener};
+use crate::gateway::checks::FieldScan;
+use crate::gateway::client_facts::client_facts;
+use crate::gateway::decide::NoObserver;
+use crate::gateway::slots::SlotRequests;
+use crate::gateway::{Gateway, Routed, Serving};
 use crate::metrics::{DecisionProtocol, Outcome};
-use crate::reject::{LimitReport, Reject};
-use crate::respond::{self, FieldValue, SetFields};
-use crate::runtime::Runtime;
+use crate::reject::{Cause, LimitReport, Reject, Reports};
+use crate::respond::{self, SetFields};
+use crate::runtime::{Runtime, ServedRoute};
 use crate::upstream::X_FORWARDED_FOR;
 
-/// The route that decided (`none` when no route matched), on every answer.
-pub(super) static X_TOLLGATE_ROUTE: HeaderName = HeaderName::from_static("x-tollgate-route");
-/// The limits that refused, on a refusal.
-pub(super) static X_TOLLGATE_LIMIT: HeaderName = HeaderName::from_static("x-tollgate-limit");
+/// Where forward-auth sub-requests are sent.
+pub(super) const DECIDE_PATH: &str = "/decide";
+
+/// The header an asking proxy names the original connection's JA4 fingerprint in.
+const JA4_HEADER: &str = "x-tollgate-ja4";
 
 static X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
 static X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method");
@@ -37,9 +44,7 @@ static TARGET_FIELDS: [&HeaderName; 2] = [&X_FORWARDED_URI, &X_ORIGINAL_URI];
 /// The original request a sub-request describes: its method, target and host from the
 /// forwarded fields, the sub-request's other fields as its own, and no body (a sub-request
 /// carries none). An error names the field that is missing or broken.
-pub(super) fn original_request(
-    request: Request<RequestBody>,
-) -> Result<Request<RequestBody>, String> {
+fn original_request(request: Request<RequestBody>) -> Result<Request<RequestBody>, String> {
     let (mut parts, _) = request.into_parts();
     let method = forwarded(&parts.headers, METHOD_FIELDS)?;
     let method = Method::from_bytes(method.trim().as_bytes())
@@ -93,7 +98,7 @@ fn shortened(text: &str) -> String {
 
 /// The client: the asking proxy is one trusted hop, and `X-Forwarded-For` (which it must
 /// send) is read from the entry it added on, as `[client_ip]` says.
-pub(super) fn client_address(routed: &Routed<'_>, headers: &HeaderMap) -> Result<IpAddr, Reject> {
+fn client_address(routed: &Routed<'_>, headers: &HeaderMap) -> Result<IpAddr, Reject> {
     let lines = headers
         .get_all(X_FORWARDED_FOR)
         .into_iter()
@@ -107,71 +112,110 @@ pub(super) fn client_address(routed: &Routed<'_>, headers: &HeaderMap) -> Result
     }
 }
 
-/// Names the route that decided on the answer.
-pub(super) fn name_route(route: Option<&std::sync::Arc<str>>, fields: &mut SetFields) {
-    let value = match route {
-        Some(name) => FieldValue::Name(name.clone()),
-        None => FieldValue::Static("none"),
-    };
-    fields.set(&X_TOLLGATE_ROUTE, value);
-}
-
-/// The answer to an admitted request: 200, with the rate-limit headers.
-pub(super) fn admitted(
-    runtime: &Runtime,
-    reports: &[LimitReport<'_>],
+/// Answers a forward-auth sub-request: its original request through the proxy's steps, up
+/// to the admission; a sub-request that describes no request is a 400 naming what it lacks.
+pub(super) async fn answer(
+    gateway: &Gateway,
+    request: Request<RequestBody>,
+    connection: &Connection,
     fields: &mut SetFields,
 ) -> Response<Body> {
-    respond::add_ratelimit_headers(fields, runtime.policy.server.ratelimit_headers, reports);
-    Response::new(Body::empty())
-}
-
-/// The answer to a request the phases ended early: a refusal with `refuse_status` and the
-/// limits that refused, 200 for a request no route decides, anything else as the proxy
-/// listener answers it.
-pub(super) fn rejection(
-    reject: Reject,
-    runtime: &Runtime,
-    reports: &[LimitReport<'_>],
-    fields: &mut SetFields,
-) -> Response<Body> {
-    let mode = runtime.policy.server.ratelimit_headers;
-    match reject {
-        Reject::NoRoute => Response::new(Body::empty()),
-        Reject::Limited | Reject::Banned => {
-            fields.set(
-                &X_TOLLGATE_LIMIT,
-                FieldValue::Text(accounting::refusing(reports)),
-            );
-            let mut response = respond::rejection(reject, mode, reports, fields);
-            if let Some(decision) = &runtime.policy.decision {
-                *response.status_mut() = decision.refuse_status;
-            }
+    let method = request.method().clone();
+    match original_request(request) {
+        Ok(original) => {
+            gateway
+                .answer_with(&Asked, original, connection, fields)
+                .await
+        }
+        Err(detail) => {
+            let runtime = gateway.shared.runtime.load();
+            count(&runtime, Some(Outcome::BadRequest));
+            let response = respond::undescribed(&detail);
+            let mut exchange = Exchange::new(method, gateway.shared.request_ids.for_request(None));
+            exchange.listener = Listener::Decision;
+            exchange.path = DECIDE_PATH.to_owned();
+            exchange.outcome = Some(Outcome::BadRequest);
+            exchange.cause = Some(Cause::Client);
+            exchange.log(response.status());
             response
         }
-        other => respond::rejection(other, mode, reports, fields),
+    }
+}
+
+/// The original request of a sub-request: decided, never forwarded. What a sub-request cannot
+/// carry is not guessed: it has no body (a limit keyed by one finds its key missing), and a
+/// decision never sees its request end, to give a concurrency slot back at.
+struct Asked;
+
+impl Serving for Asked {
+    const LISTENER: Listener = Listener::Decision;
+
+    async fn serve<'a, 'r>(
+        &'a self,
+        gateway: &'a Gateway,
+        routed: &'a Routed<'r>,
+        request: Request<RequestBody>,
+        exchange: &'a mut Exchange<'r>,
+        fields: &'a mut SetFields,
+        reports: &'a mut Reports<'r>,
+    ) -> Result<Response<Body>, Reject> {
+        let client = client_address(routed, request.headers())?;
+        exchange.client = Some(client);
+        let (parts, _) = request.into_parts();
+        let ja4 = parts
+            .headers
+            .get(JA4_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .map(str::trim)
+            .filter(|value| !value.is_empty());
+        let client = client_facts(routed, client, ja4);
+        exchange.note_client(client.origin, client.ja4);
+        let mut requested = gateway.requested(routed, &client, &parts, None)?;
+        requested.slots = SlotRequests::new();
+        gateway
+            .admit(routed, &requested, exchange, reports, NoObserver)
+            .await?;
+        let mode = routed.runtime.policy.server.ratelimit_headers;
+        Ok(respond::forward_auth_admitted(mode, reports, fields))
+    }
+
+    fn reject(
+        &self,
+        reject: Reject,
+        runtime: &Runtime,
+        _: &FieldScan,
+        reports: &[LimitReport<'_>],
+        fields: &mut SetFields,
+    ) -> Response<Body> {
+        let mode = runtime.policy.server.ratelimit_headers;
+        let refuse_status = runtime
+            .policy
+            .decision
+            .as_ref()
+            .map(|decision| decision.refuse_status);
+        respond::forward_auth_rejection(reject, mode, refuse_status, reports, fields)
+    }
+
+    fn answered(
+        &self,
+        runtime: &Runtime,
+        route: Option<&ServedRoute>,
+        outcome: Option<Outcome>,
+        fields: &mut SetFields,
+    ) {
+        respond::name_route(route.map(|route| &route.route.name), fields);
+        count(runtime, outcome);
     }
 }
 
 /// Counts a forward-auth answer in `tollgate_decision_requests_total`.
-pub(super) fn count(runtime: &Runtime, outcome: Option<Outcome>) {
+fn count(runtime: &Runtime, outcome: Option<Outcome>) {
     if let (Some(decision), Some(outcome)) = (&runtime.decision, outcome) {
         decision
             .metrics
             .outcome(DecisionProtocol::Http, outcome)
             .inc();
     }
-}
-
-/// The answer to a sub-request that does not describe a request: 400, naming what it lacks.
-pub(super) fn undescribed(runtime: &Runtime, detail: &str) -> Response<Body> {
-    count(runtime, Some(Outcome::BadRequest));
-    let mut response = respond::bad_request(detail);
-    response.headers_mut().insert(
-        X_TOLLGATE_ROUTE.clone(),
-        http::HeaderValue::from_static("none"),
-    );
-    response
 }
 
 #[cfg(test)]

@@ -41,22 +41,30 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 static METHOD_FIELDS: [&HeaderName; 2] = [&X_FORWARDED_METHOD, &X_ORIGINAL_METHOD];
 static TARGET_FIELDS: [&HeaderName; 2] = [&X_FORWARDED_URI, &X_ORIGINAL_URI];
 
+/// Why a sub-request describes no request: the field that is missing or broken.
+#[derive(Debug, thiserror::Error)]
+enum Undescribed {
+    #[error("{0} (or {1}) is missing: the asking proxy must describe the original request")]
+    Missing(&'static HeaderName, &'static HeaderName),
+    #[error("{0} is not text")]
+    NotText(&'static HeaderName),
+    #[error("{0} is not a method: {1:?}")]
+    NotAMethod(&'static HeaderName, String),
+    #[error("{0} is not a request target such as /path?query: {1:?}")]
+    NotATarget(&'static HeaderName, String),
+}
+
 /// The original request a sub-request describes: its method, target and host from the
 /// forwarded fields, the sub-request's other fields as its own, and no body (a sub-request
-/// carries none). An error names the field that is missing or broken.
-fn original_request(request: Request<RequestBody>) -> Result<Request<RequestBody>, String> {
+/// carries none).
+fn original_request(request: Request<RequestBody>) -> Result<Request<RequestBody>, Undescribed> {
     let (mut parts, _) = request.into_parts();
     let method = forwarded(&parts.headers, METHOD_FIELDS)?;
     let method = Method::from_bytes(method.trim().as_bytes())
-        .map_err(|_| format!("{} is not a method: {method:?}", METHOD_FIELDS[0]))?;
+        .map_err(|_| Undescribed::NotAMethod(METHOD_FIELDS[0], method.to_owned()))?;
     let target = forwarded(&parts.headers, TARGET_FIELDS)?;
-    let uri = original_target(target).ok_or_else(|| {
-        format!(
-            "{} is not a request target such as /path?query: {:?}",
-            TARGET_FIELDS[0],
-            shortened(target)
-        )
-    })?;
+    let uri = original_target(target)
+        .ok_or_else(|| Undescribed::NotATarget(TARGET_FIELDS[0], shortened(target)))?;
     if let Some(host) = parts.headers.get(&X_FORWARDED_HOST).cloned() {
         parts.headers.insert(HOST, host);
     }
@@ -66,19 +74,15 @@ fn original_request(request: Request<RequestBody>) -> Result<Request<RequestBody
 }
 
 /// The first of `names` the sub-request carries, as text.
-fn forwarded<'h>(headers: &'h HeaderMap, names: [&HeaderName; 2]) -> Result<&'h str, String> {
+fn forwarded<'h>(
+    headers: &'h HeaderMap,
+    names: [&'static HeaderName; 2],
+) -> Result<&'h str, Undescribed> {
     let value = names
         .iter()
         .find_map(|name| headers.get(*name))
-        .ok_or_else(|| {
-            format!(
-                "{} (or {}) is missing: the asking proxy must describe the original request",
-                names[0], names[1]
-            )
-        })?;
-    value
-        .to_str()
-        .map_err(|_| format!("{} is not text", names[0]))
+        .ok_or(Undescribed::Missing(names[0], names[1]))?;
+    value.to_str().map_err(|_| Undescribed::NotText(names[0]))
 }
 
 /// The original target: origin-form (`/path?query`), or the path and query of an absolute
@@ -127,10 +131,10 @@ pub(super) async fn answer(
                 .answer_with(&Asked, original, connection, fields)
                 .await
         }
-        Err(detail) => {
+        Err(undescribed) => {
             let runtime = gateway.shared.runtime.load();
             count(&runtime, Some(Outcome::BadRequest));
-            let response = respond::undescribed(&detail);
+            let response = respond::undescribed(&undescribed.to_string());
             let mut exchange = Exchange::new(method, gateway.shared.request_ids.for_request(None));
             exchange.listener = Listener::Decision;
             exchange.path = DECIDE_PATH.to_owned();
@@ -271,16 +275,21 @@ mod tests {
 
     #[test]
     fn a_sub_request_that_describes_nothing_names_what_it_lacks() {
-        let error = original_request(sub_request(&[("x-forwarded-uri", "/a")])).unwrap_err();
+        let error = original_request(sub_request(&[("x-forwarded-uri", "/a")]))
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("x-forwarded-method"), "{error}");
-        let error = original_request(sub_request(&[("x-forwarded-method", "GET")])).unwrap_err();
+        let error = original_request(sub_request(&[("x-forwarded-method", "GET")]))
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("x-forwarded-uri"), "{error}");
         for target in ["*", "a/b", "", "http://"] {
             let error = original_request(sub_request(&[
                 ("x-forwarded-method", "GET"),
                 ("x-forwarded-uri", target),
             ]))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
             assert!(
                 error.contains("not a request target"),
                 "{target:?}: {error}"
@@ -290,7 +299,8 @@ mod tests {
             ("x-forwarded-method", "GE T"),
             ("x-forwarded-uri", "/"),
         ]))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(error.contains("not a method"), "{error}");
     }
 }

@@ -168,44 +168,68 @@ pub fn local_url(mut listen: std::net::SocketAddr) -> String {
     format!("http://{listen}")
 }
 
+/// Why the CLI's call to the admin listener got no answer, in plain words.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("{url} is not a URL: {error}")]
+    NotAUrl {
+        url: String,
+        error: http::uri::InvalidUri,
+    },
+    #[error("the request could not be built: {0}")]
+    Request(http::Error),
+    #[error(
+        "nothing answers at {0} (is the gateway running, and is that its [admin] listen address?)"
+    )]
+    NoAnswer(String),
+    #[error("the answer broke off: {0}")]
+    BrokeOff(hyper::Error),
+    #[error("{url} did not answer within {seconds} s")]
+    Timeout { url: String, seconds: u64 },
+}
+
 /// Sends `method` to `url` with an optional bearer token: what `tollgate health`, `inspect`
-/// and `reset` ask. Returns the status and the body; a failure is said in plain words.
+/// and `reset` ask. Returns the status and the body.
 pub async fn call(
     method: Method,
     url: &str,
     token: Option<&str>,
     timeout: std::time::Duration,
-) -> Result<(u16, String), String> {
+) -> Result<(u16, String), CallError> {
     use http_body_util::BodyExt as _;
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|error| format!("{url} is not a URL: {error}"))?;
+    let uri: http::Uri = url.parse().map_err(|error| CallError::NotAUrl {
+        url: url.to_owned(),
+        error,
+    })?;
     let mut request = Request::builder().method(method).uri(uri);
     if let Some(token) = token {
         request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
     }
     let request = request
         .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .map_err(|error| error.to_string())?;
+        .map_err(CallError::Request)?;
     let client: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
     let exchange = async {
         let response = client
             .request(request)
             .await
-            .map_err(|_| format!("nothing answers at {url} (is the gateway running, and is that its [admin] listen address?)"))?;
+            .map_err(|_| CallError::NoAnswer(url.to_owned()))?;
         let status = response.status().as_u16();
         let body = response
             .into_body()
             .collect()
             .await
-            .map_err(|error| format!("the answer broke off: {error}"))?
+            .map_err(CallError::BrokeOff)?
             .to_bytes();
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     };
     tokio::time::timeout(timeout, exchange)
         .await
-        .map_err(|_| format!("{url} did not answer within {} s", timeout.as_secs()))?
+        .map_err(|_| CallError::Timeout {
+            url: url.to_owned(),
+            seconds: timeout.as_secs(),
+        })?
 }
 
 #[cfg(test)]

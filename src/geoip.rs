@@ -59,45 +59,49 @@ impl Kind {
     }
 }
 
+/// A database file that cannot be read as one, with the setting that names it.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read {} as a MaxMind DB file: {error}", path.display())]
+pub struct OpenError {
+    pub kind: Kind,
+    pub path: std::path::PathBuf,
+    pub error: maxminddb::MaxMindDbError,
+}
+
 impl GeoIp {
     /// Opens the databases named; an error names the file and says what is wrong with it.
     /// Also returns a warning for a database whose type does not say it holds what is read.
     pub fn open(
         asn_db: Option<&Path>,
         country_db: Option<&Path>,
-    ) -> Result<(GeoIp, Vec<String>), (Kind, String)> {
+    ) -> Result<(GeoIp, Vec<String>), OpenError> {
         let mut warnings = Vec::new();
-        let mut open =
-            |path: Option<&Path>, kind: Kind| -> Result<Option<Database>, (Kind, String)> {
-                let Some(path) = path else {
-                    return Ok(None);
-                };
-                let reader = Reader::open_readfile(path).map_err(|error| {
-                    (
-                        kind,
-                        format!(
-                            "cannot read {} as a MaxMind DB file: {error}",
-                            path.display()
-                        ),
-                    )
-                })?;
-                let database_type = &reader.metadata().database_type;
-                if !kind.expects(database_type) {
-                    warnings.push(format!(
-                        "geoip.{}: {} is a {database_type:?} database; tollgate reads {} from it",
-                        kind.setting(),
-                        path.display(),
-                        match kind {
-                            Kind::Asn => "autonomous_system_number",
-                            Kind::Country => "country.iso_code",
-                        }
-                    ));
-                }
-                Ok(Some(Database {
-                    path: path.to_owned(),
-                    reader,
-                }))
+        let mut open = |path: Option<&Path>, kind: Kind| -> Result<Option<Database>, OpenError> {
+            let Some(path) = path else {
+                return Ok(None);
             };
+            let reader = Reader::open_readfile(path).map_err(|error| OpenError {
+                kind,
+                path: path.to_owned(),
+                error,
+            })?;
+            let database_type = &reader.metadata().database_type;
+            if !kind.expects(database_type) {
+                warnings.push(format!(
+                    "geoip.{}: {} is a {database_type:?} database; tollgate reads {} from it",
+                    kind.setting(),
+                    path.display(),
+                    match kind {
+                        Kind::Asn => "autonomous_system_number",
+                        Kind::Country => "country.iso_code",
+                    }
+                ));
+            }
+            Ok(Some(Database {
+                path: path.to_owned(),
+                reader,
+            }))
+        };
         let asn = open(asn_db, Kind::Asn)?;
         let country = open(country_db, Kind::Country)?;
         Ok((GeoIp { asn, country }, warnings))
@@ -248,13 +252,13 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let bogus = dir.join("bogus.mmdb");
         std::fs::write(&bogus, b"not a database at all").unwrap();
-        let (kind, message) = GeoIp::open(Some(&bogus), None).unwrap_err();
-        assert_eq!(kind, Kind::Asn);
-        assert!(message.contains("bogus.mmdb"), "{message}");
+        let error = GeoIp::open(Some(&bogus), None).unwrap_err();
+        assert_eq!(error.kind, Kind::Asn);
+        assert!(error.to_string().contains("bogus.mmdb"), "{error}");
         let missing = dir.join("missing.mmdb");
-        let (kind, message) = GeoIp::open(None, Some(&missing)).unwrap_err();
-        assert_eq!(kind, Kind::Country);
-        assert!(message.contains("missing.mmdb"), "{message}");
+        let error = GeoIp::open(None, Some(&missing)).unwrap_err();
+        assert_eq!(error.kind, Kind::Country);
+        assert!(error.to_string().contains("missing.mmdb"), "{error}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -153,6 +153,30 @@ struct TokenHeader {
     crit: Option<serde_json::Value>,
 }
 
+/// Why a JWKS document gives no verifier.
+#[derive(Debug, thiserror::Error)]
+pub enum KeySetError {
+    #[error("not a JWKS document: {0}")]
+    NotAKeySet(serde_json::Error),
+    #[error("key {index}: {error}")]
+    Key { index: usize, error: JwkError },
+    #[error("the key set holds no signing key")]
+    NoSigningKey,
+}
+
+/// Why one key of a JWKS document is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum JwkError {
+    #[error("only the P-256 and P-384 curves are supported")]
+    Curve,
+    #[error("a shared secret (kty \"oct\") does not belong in a key file: use secret_env")]
+    SharedSecret,
+    #[error("alg {0} does not fit the key's type")]
+    AlgorithmMismatch(String),
+    #[error("unusable key: {0}")]
+    Unusable(jsonwebtoken::errors::Error),
+}
+
 impl JwtVerifier {
     /// A verifier with the keys of a JWKS document (`jwks_file`).
     pub fn with_key_set(
@@ -161,18 +185,17 @@ impl JwtVerifier {
         issuer: Option<String>,
         audience: Option<String>,
         leeway: u64,
-    ) -> Result<JwtVerifier, String> {
-        let set: JwkSet =
-            serde_json::from_str(jwks).map_err(|error| format!("not a JWKS document: {error}"))?;
+    ) -> Result<JwtVerifier, KeySetError> {
+        let set: JwkSet = serde_json::from_str(jwks).map_err(KeySetError::NotAKeySet)?;
         let mut keys = Vec::new();
         for (index, jwk) in set.keys.iter().enumerate() {
             if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
                 continue;
             }
-            keys.push(public_key(jwk).map_err(|error| format!("key {index}: {error}"))?);
+            keys.push(public_key(jwk).map_err(|error| KeySetError::Key { index, error })?);
         }
         if keys.is_empty() {
-            return Err("the key set holds no signing key".to_owned());
+            return Err(KeySetError::NoSigningKey);
         }
         Ok(JwtVerifier::new(
             source,
@@ -401,7 +424,7 @@ fn rejection_of(kind: &jsonwebtoken::errors::ErrorKind) -> Rejection {
 
 /// A JWK as a verifying key, with the algorithms it accepts: its own `alg` when it names one,
 /// else those of its key type (and, for EC, its curve).
-fn public_key(jwk: &Jwk) -> Result<PublicKey, String> {
+fn public_key(jwk: &Jwk) -> Result<PublicKey, JwkError> {
     let family: Vec<Algorithm> = match &jwk.algorithm {
         AlgorithmParameters::RSA(_) => vec![
             Algorithm::RS256,
@@ -414,15 +437,10 @@ fn public_key(jwk: &Jwk) -> Result<PublicKey, String> {
         AlgorithmParameters::EllipticCurve(params) => match params.curve {
             EllipticCurve::P256 => vec![Algorithm::ES256],
             EllipticCurve::P384 => vec![Algorithm::ES384],
-            _ => return Err("only the P-256 and P-384 curves are supported".to_owned()),
+            _ => return Err(JwkError::Curve),
         },
         AlgorithmParameters::OctetKeyPair(_) => vec![Algorithm::EdDSA],
-        AlgorithmParameters::OctetKey(_) => {
-            return Err(
-                "a shared secret (kty \"oct\") does not belong in a key file: use secret_env"
-                    .to_owned(),
-            )
-        }
+        AlgorithmParameters::OctetKey(_) => return Err(JwkError::SharedSecret),
     };
     let algorithms = match jwk.common.key_algorithm {
         None => family,
@@ -430,11 +448,11 @@ fn public_key(jwk: &Jwk) -> Result<PublicKey, String> {
             let named = Algorithm::from_str(&named.to_string())
                 .ok()
                 .filter(|algorithm| family.contains(algorithm))
-                .ok_or_else(|| format!("alg {named} does not fit the key's type"))?;
+                .ok_or_else(|| JwkError::AlgorithmMismatch(named.to_string()))?;
             vec![named]
         }
     };
-    let key = DecodingKey::from_jwk(jwk).map_err(|error| format!("unusable key: {error}"))?;
+    let key = DecodingKey::from_jwk(jwk).map_err(JwkError::Unusable)?;
     Ok(PublicKey {
         id: jwk.common.key_id.clone(),
         algorithms,

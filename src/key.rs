@@ -275,6 +275,25 @@ pub fn exempts(limit: &Limit, client: IpAddr, origin: Origin) -> bool {
             .is_some_and(|country| limit.exempt_countries.contains(&country))
 }
 
+/// Why values an operator names are not a key of a limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValuesError {
+    #[error("a global limit has one bucket: name no key")]
+    Global,
+    #[error("name the key: {0}")]
+    OneValue(String),
+    #[error("name {count} key values, one per part, in order: {parts}")]
+    Values { count: usize, parts: String },
+    #[error("{0:?} is not an IP address")]
+    Address(String),
+    #[error("{0:?} is not an autonomous system number such as AS64500")]
+    Asn(String),
+    #[error("{0:?} is not a two-letter country code such as DE")]
+    Country(String),
+    #[error("an empty key value")]
+    Empty,
+}
+
 /// The key `limit` gives the values an operator names (the admin API): one value per part of
 /// the key, in order, normalized and hashed exactly as a request's would be; for
 /// `client_network`, an address, masked as the limit masks it.
@@ -282,20 +301,20 @@ pub fn parts_of_values(
     limit: &Limit,
     values: &[&str],
     hasher: &KeyHasher,
-) -> Result<KeyParts, String> {
+) -> Result<KeyParts, ValuesError> {
     if values.len() != limit.key.len() {
         return Err(match limit.key.len() {
-            0 => "a global limit has one bucket: name no key".to_owned(),
-            1 => format!("name the key: {}", describe(&limit.key[0])),
-            parts => format!(
-                "name {parts} key values, one per part, in order: {}",
-                limit
+            0 => ValuesError::Global,
+            1 => ValuesError::OneValue(describe(&limit.key[0])),
+            count => ValuesError::Values {
+                count,
+                parts: limit
                     .key
                     .iter()
                     .map(describe)
                     .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+                    .join(", "),
+            },
         });
     }
     let mut parts = KeyParts::new();
@@ -305,22 +324,20 @@ pub fn parts_of_values(
             KeySource::ClientNetwork => {
                 let address: IpAddr = value
                     .parse()
-                    .map_err(|_| format!("{value:?} is not an IP address"))?;
+                    .map_err(|_| ValuesError::Address(value.to_owned()))?;
                 KeyPart::Network(client_network(
                     address.to_canonical(),
                     limit.ipv4_prefix,
                     limit.ipv6_prefix,
                 ))
             }
-            KeySource::ClientAsn => KeyPart::Asn(geoip::parse_asn(value).ok_or_else(|| {
-                format!("{value:?} is not an autonomous system number such as AS64500")
-            })?),
-            KeySource::ClientCountry => {
-                KeyPart::Country(Country::parse(value).ok_or_else(|| {
-                    format!("{value:?} is not a two-letter country code such as DE")
-                })?)
-            }
-            _ if value.is_empty() => return Err("an empty key value".to_owned()),
+            KeySource::ClientAsn => KeyPart::Asn(
+                geoip::parse_asn(value).ok_or_else(|| ValuesError::Asn(value.to_owned()))?,
+            ),
+            KeySource::ClientCountry => KeyPart::Country(
+                Country::parse(value).ok_or_else(|| ValuesError::Country(value.to_owned()))?,
+            ),
+            _ if value.is_empty() => return Err(ValuesError::Empty),
             _ => KeyPart::Digest(hasher.digest(normalize(value, limit.normalize).as_bytes())),
         });
     }

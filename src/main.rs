@@ -430,7 +430,7 @@ fn key_url(admin: &str, arguments: &KeyArguments) -> String {
 fn report_key_answer(
     arguments: &KeyArguments,
     url: &str,
-    answer: Result<(u16, String), String>,
+    answer: Result<(u16, String), tollgate::admin::CallError>,
 ) -> ExitCode {
     let shown = arguments.keys.join(" + ");
     match answer {

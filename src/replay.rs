@@ -5,6 +5,7 @@
 //! is counted as not replayable, never guessed.
 
 mod compare;
+mod errors;
 mod flat_json;
 mod html;
 mod log_line;
@@ -30,6 +31,7 @@ use crate::limit::{bucket, BucketState, Charge, KeyPart, Timestamp, Verdicts};
 use crate::{client_ip, key, path, route};
 
 pub use compare::{Compared, Comparison};
+pub use errors::{FormatError, LineError, OpenError};
 pub use nginx_format::NginxFormat;
 pub use read::{read_lines, Format, LineParser, LogLine, LoggedField, LoggedKeys};
 pub use report::{LimitReport, Report};
@@ -147,10 +149,10 @@ impl<'p> Replay<'p> {
     }
 
     /// A line that could not be read: counted, and the first ones kept with their numbers.
-    pub fn bad_line(&mut self, number: u64, why: String) {
+    pub fn bad_line(&mut self, number: u64, why: LineError) {
         self.bad_line_count += 1;
         if self.bad_lines.len() < 10 {
-            self.bad_lines.push((number, why));
+            self.bad_lines.push((number, why.to_string()));
         }
     }
 

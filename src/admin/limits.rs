@@ -47,7 +47,7 @@ pub(super) async fn answer(
         .collect();
     let parts = match key::parts_of_values(limit, &values, &shared.hasher) {
         Ok(parts) => parts,
-        Err(message) => return respond::bad_request(&message),
+        Err(error) => return respond::bad_request(&error.to_string()),
     };
     let bucket = BucketKey {
         limit: &limit.name,

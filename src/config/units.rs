@@ -37,15 +37,47 @@ pub const MAX_EXACT_TOKENS: f64 = 9_007_199_254_740_992.0;
 /// client can use): 10 years.
 pub const MAX_REFILL_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
 
+/// What a rate's error message lists as valid.
+const EXPECTED_RATE: &str = "expected \"<tokens>/<period>\" such as \"5/s\", \"100/min\", \"1/30s\" or \"0.5/s\": tokens a decimal number, the period s, min, h or d, or a whole number of ms, s, min, h or d";
+
+/// Why a rate, duration or size as written in the file is not one; each names the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitError {
+    #[error("invalid rate {text:?}: {EXPECTED_RATE}")]
+    RateShape { text: String },
+    #[error(
+        "invalid rate {text:?}: token count {tokens:?} is not a decimal number; {EXPECTED_RATE}"
+    )]
+    RateTokens { text: String, tokens: String },
+    #[error("invalid rate {text:?}: the token count must be greater than zero")]
+    RateNotPositive { text: String },
+    #[error("invalid rate {text:?}: the token count is at most 2^53 (9007199254740992)")]
+    RateTooMany { text: String },
+    #[error("invalid rate {text:?}: period {period:?} is not a unit or a whole number of one; {EXPECTED_RATE}")]
+    RatePeriod { text: String, period: String },
+    #[error("invalid rate {text:?}: the period must be longer than zero")]
+    RateZeroPeriod { text: String },
+    #[error("invalid rate {text:?}: the period is at least 1ms (write \"1000/s\" rather than \"1/1ms\")")]
+    RateShortPeriod { text: String },
+    #[error("invalid duration {text:?} ({reason}): expected a duration such as \"50ms\", \"30s\", \"2m\" or \"1h\"")]
+    Duration { text: String, reason: String },
+    #[error("duration {text:?} is longer than the longest allowed, 10 years")]
+    DurationTooLong { text: String },
+    #[error(
+        "invalid size {text:?}: expected bytes such as 16384, \"64KiB\", \"1MiB\" or \"512KB\""
+    )]
+    Size { text: String },
+}
+
 /// Parses `"<tokens>/<period>"`: tokens a decimal number (`5`, `0.5`), the period a unit
 /// (`s`, `min`, `h`, `d`) or a whole number of a unit (`30s`, `2min`, `500ms`, `2h`, `7d`):
 /// exactly what the error message lists. Zero and negative rates are refused, and so are token
 /// counts over 2^53 and periods under a millisecond (no clock here is that fine).
-pub fn parse_rate(text: &str) -> Result<Rate, String> {
-    let expected = "expected \"<tokens>/<period>\" such as \"5/s\", \"100/min\", \"1/30s\" or \"0.5/s\": tokens a decimal number, the period s, min, h or d, or a whole number of ms, s, min, h or d";
+pub fn parse_rate(text: &str) -> Result<Rate, UnitError> {
+    let owned = || text.to_owned();
     let (tokens, period) = text
         .split_once('/')
-        .ok_or_else(|| format!("invalid rate {text:?}: {expected}"))?;
+        .ok_or_else(|| UnitError::RateShape { text: owned() })?;
     let decimal = |text: &str| {
         let mut parts = text.splitn(2, '.');
         let whole = parts.next().unwrap_or_default();
@@ -62,34 +94,26 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
         .ok()
         // A negative count is a number, refused below for its sign.
         .filter(|_| decimal(tokens_text.strip_prefix('-').unwrap_or(tokens_text)))
-        .ok_or_else(|| {
-            format!(
-                "invalid rate {text:?}: token count {tokens:?} is not a decimal number; {expected}"
-            )
+        .ok_or_else(|| UnitError::RateTokens {
+            text: owned(),
+            tokens: tokens.to_owned(),
         })?;
     if !tokens.is_finite() || tokens <= 0.0 {
-        return Err(format!(
-            "invalid rate {text:?}: the token count must be greater than zero"
-        ));
+        return Err(UnitError::RateNotPositive { text: owned() });
     }
     if tokens > MAX_EXACT_TOKENS {
-        return Err(format!(
-            "invalid rate {text:?}: the token count is at most 2^53 (9007199254740992)"
-        ));
+        return Err(UnitError::RateTooMany { text: owned() });
     }
     let period_text = period.trim();
-    let period = rate_period(period_text).ok_or_else(|| {
-        format!("invalid rate {text:?}: period {period_text:?} is not a unit or a whole number of one; {expected}")
+    let period = rate_period(period_text).ok_or_else(|| UnitError::RatePeriod {
+        text: owned(),
+        period: period_text.to_owned(),
     })?;
     if period.is_zero() {
-        return Err(format!(
-            "invalid rate {text:?}: the period must be longer than zero"
-        ));
+        return Err(UnitError::RateZeroPeriod { text: owned() });
     }
     if period < Duration::from_millis(1) {
-        return Err(format!(
-            "invalid rate {text:?}: the period is at least 1ms (write \"1000/s\" rather than \"1/1ms\")"
-        ));
+        return Err(UnitError::RateShortPeriod { text: owned() });
     }
     Ok(Rate { tokens, period })
 }
@@ -117,29 +141,28 @@ fn rate_period(text: &str) -> Option<Duration> {
 /// Parses `"50ms"`, `"30s"`, `"2m"`, `"1h"` (and combinations such as `"1m 30s"`), at most
 /// [`MAX_REFILL_SECONDS`]: a duration can end up in a `Retry-After`, which must stay a number a
 /// client can use.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text.trim()).map_err(|error| {
-        format!("invalid duration {text:?} ({error}): expected a duration such as \"50ms\", \"30s\", \"2m\" or \"1h\"")
+pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
+    let duration = humantime::parse_duration(text.trim()).map_err(|error| UnitError::Duration {
+        text: text.to_owned(),
+        reason: error.to_string(),
     })?;
     if duration.as_secs_f64() > MAX_REFILL_SECONDS {
-        return Err(format!(
-            "duration {text:?} is longer than the longest allowed, 10 years"
-        ));
+        return Err(UnitError::DurationTooLong {
+            text: text.to_owned(),
+        });
     }
     Ok(duration)
 }
 
 /// Parses a byte size such as `"64KiB"`, `"1MiB"`, `"512KB"` or `"4096"`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, UnitError> {
     let trimmed = text.trim();
     let split = trimmed
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(trimmed.len());
     let (number, unit) = trimmed.split_at(split);
-    let invalid = || {
-        format!(
-            "invalid size {text:?}: expected bytes such as 16384, \"64KiB\", \"1MiB\" or \"512KB\""
-        )
+    let invalid = || UnitError::Size {
+        text: text.to_owned(),
     };
     let number: f64 = number.parse().map_err(|_| invalid())?;
     let multiplier: u64 = match unit.trim() {
@@ -210,7 +233,10 @@ mod tests {
         ] {
             assert!(parse_rate(text).is_err(), "{text} should be refused");
         }
-        assert!(parse_rate("0/s").unwrap_err().contains("greater than zero"));
+        assert!(parse_rate("0/s")
+            .unwrap_err()
+            .to_string()
+            .contains("greater than zero"));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use crate::config::{DescriptorRule, KeySource, Limit};
-use crate::key::{self, KeyHasher};
+use crate::key::{self, KeyHasher, ValuesError};
 use crate::limit::calendar::Period;
 use crate::limit::{KeyPart, KeyParts};
 
@@ -47,6 +47,15 @@ pub fn matching_rule<'r, 'e>(
     best.map(|(index, rule, _)| (index, rule))
 }
 
+/// A descriptor whose values cannot key its rule's limit, named by its entries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("descriptor {descriptor}: {error}")]
+pub struct DescriptorError {
+    /// The entries as `(key=value, …)`, each value cut to 64 characters.
+    pub descriptor: String,
+    pub error: ValuesError,
+}
+
 /// The bucket key a matched descriptor makes from its variable entries' values. With as many
 /// values as the limit's key has parts, each is read as that part would be (a
 /// `client_network` part masks an address by the limit's prefixes), so the proxy listener's
@@ -56,7 +65,7 @@ pub fn key_parts(
     rule: &DescriptorRule,
     entries: &[(&str, &str)],
     hasher: &KeyHasher,
-) -> Result<KeyParts, String> {
+) -> Result<KeyParts, DescriptorError> {
     let variable: Vec<(&str, &str)> = rule
         .entries
         .iter()
@@ -65,18 +74,20 @@ pub fn key_parts(
         .map(|(_, entry)| *entry)
         .collect();
     let limit = &rule.limit;
+    let named = |error| DescriptorError {
+        descriptor: describe(entries),
+        error,
+    };
     if variable.len() == limit.key.len() {
         let values: Vec<&str> = variable.iter().map(|(_, value)| *value).collect();
-        return key::parts_of_values(limit, &values, hasher)
-            .map_err(|error| format!("descriptor {}: {error}", describe(entries)));
+        return key::parts_of_values(limit, &values, hasher).map_err(named);
     }
     let masks = limit.key.contains(&KeySource::ClientNetwork);
     variable
         .iter()
         .map(|(key, value)| {
             if masks && *key == REMOTE_ADDRESS {
-                network(limit, value)
-                    .map_err(|error| format!("descriptor {}: {error}", describe(entries)))
+                network(limit, value).map_err(named)
             } else {
                 Ok(KeyPart::Digest(hasher.digest(value.as_bytes())))
             }
@@ -84,11 +95,11 @@ pub fn key_parts(
         .collect()
 }
 
-fn network(limit: &Limit, value: &str) -> Result<KeyPart, String> {
+fn network(limit: &Limit, value: &str) -> Result<KeyPart, ValuesError> {
     let address: IpAddr = value
         .trim()
         .parse()
-        .map_err(|_| format!("{value:?} is not an IP address"))?;
+        .map_err(|_| ValuesError::Address(value.to_owned()))?;
     Ok(KeyPart::Network(key::client_network(
         address.to_canonical(),
         limit.ipv4_prefix,
@@ -220,7 +231,11 @@ mod tests {
             KeyPart::Network("2001:db8:1:2::/64".parse().unwrap())
         );
         let error = parts(0, &[("remote_address", "not-an-address")]).unwrap_err();
-        assert!(error.contains("not an IP address"), "{error}");
+        assert_eq!(
+            error.error,
+            ValuesError::Address("not-an-address".to_owned())
+        );
+        assert!(error.to_string().contains("not an IP address"), "{error}");
         // Two variable entries on a one-part limit: hashed, the address masked.
         let mixed = parts(
             3,

@@ -14,7 +14,7 @@ use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use prost::Message;
 
-use super::descriptors;
+use super::descriptors::{self, DescriptorError};
 use crate::body::Body;
 use crate::config::{HeaderMode, StoreFailurePolicy};
 use crate::connection::RequestBody;
@@ -71,7 +71,7 @@ pub(super) async fn answer(
     let answered = match read_call(request).await {
         Ok(call) => decide_call(gateway, decision, mode, &call, &mut exchange)
             .await
-            .map_err(|message| (Code::InvalidArgument, message)),
+            .map_err(|error| (Code::InvalidArgument, error.to_string())),
         Err(error) => Err(error),
     };
     let outcome = match &answered {
@@ -95,7 +95,7 @@ async fn decide_call(
     mode: HeaderMode,
     call: &RateLimitRequest,
     exchange: &mut Exchange<'_>,
-) -> Result<(RateLimitResponse, Outcome), String> {
+) -> Result<(RateLimitResponse, Outcome), DescriptorError> {
     let (matched, requested) = requested(gateway, decision, call)?;
     if access_log::enabled() {
         exchange.keys = Some(access_log::keys(requested.buckets.requests()));
@@ -156,7 +156,7 @@ fn requested<'r>(
     gateway: &Gateway,
     decision: &'r DecisionRuntime,
     call: &RateLimitRequest,
-) -> Result<(Vec<Option<(&'r ServedRule, usize)>>, Requested<'r>), String> {
+) -> Result<(Vec<Option<(&'r ServedRule, usize)>>, Requested<'r>), DescriptorError> {
     let load_factor = gateway.shared.load.factor();
     let mut calendar_time = None;
     let mut matched = Vec::with_capacity(call.descriptors.len());

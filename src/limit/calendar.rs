@@ -65,15 +65,19 @@ impl PeriodSpan {
     }
 }
 
+/// A zone name that names no IANA time zone.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an IANA time zone, such as \"Europe/Rome\" or \"America/New_York\"")]
+pub struct UnknownZone(pub String);
+
 impl Calendar {
     /// A calendar in the named zone (`None`: UTC).
-    pub fn new(period: Period, zone: Option<&str>) -> Result<Calendar, String> {
+    pub fn new(period: Period, zone: Option<&str>) -> Result<Calendar, UnknownZone> {
         let (zone_name, zone) = match zone {
             None | Some("UTC") => ("UTC".to_owned(), TimeZone::UTC),
             Some(name) => (
                 name.to_owned(),
-                TimeZone::get(name)
-                    .map_err(|_| format!("{name:?} is not an IANA time zone, such as \"Europe/Rome\" or \"America/New_York\""))?,
+                TimeZone::get(name).map_err(|_| UnknownZone(name.to_owned()))?,
             ),
         };
         Ok(Calendar {

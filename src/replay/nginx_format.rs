@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
+use super::errors::{FormatError, LineError};
 use super::log_line::{origin_path, query_of, LogLine, LoggedField};
 use super::time::{CombinedTime, JsonTime};
 
@@ -74,7 +75,7 @@ impl Variable {
 impl NginxFormat {
     /// Compiles `text`: `log_format`'s value as nginx.conf has it (`'$remote_addr - …'
     /// '"$request" …'`, the quoted pieces joined) or the bare format.
-    pub fn compile(text: &str) -> Result<NginxFormat, String> {
+    pub fn compile(text: &str) -> Result<NginxFormat, FormatError> {
         let format = unquoted(text.trim())?;
         let mut pieces = Vec::new();
         let mut literal = String::new();
@@ -83,9 +84,7 @@ impl NginxFormat {
             literal.push_str(&rest[..dollar]);
             rest = &rest[dollar + 1..];
             let (name, after) = if let Some(braced) = rest.strip_prefix('{') {
-                let close = braced
-                    .find('}')
-                    .ok_or("a ${ without its } in the log_format string")?;
+                let close = braced.find('}').ok_or(FormatError::UnclosedBrace)?;
                 (&braced[..close], &braced[close + 1..])
             } else {
                 let end = rest
@@ -100,9 +99,7 @@ impl NginxFormat {
             if !literal.is_empty() {
                 pieces.push(Piece::Literal(std::mem::take(&mut literal)));
             } else if matches!(pieces.last(), Some(Piece::Variable(_))) {
-                return Err(format!(
-                    "${name} follows another variable with nothing between: where one ends is unknowable"
-                ));
+                return Err(FormatError::Adjacent(name.to_owned()));
             }
             pieces.push(Piece::Variable(Variable::named(&name.to_ascii_lowercase())));
             rest = after;
@@ -117,15 +114,12 @@ impl NginxFormat {
             )
         };
         if !has(&[Variable::TimeLocal, Variable::TimeIso8601, Variable::Msec]) {
-            return Err("the format logs no time: $time_local, $time_iso8601 or $msec".to_owned());
+            return Err(FormatError::NoTime);
         }
         let method = has(&[Variable::Request, Variable::RequestMethod]);
         let path = has(&[Variable::Request, Variable::RequestUri, Variable::Uri]);
         if !(method && path) {
-            return Err(
-                "the format logs no request: $request, or $request_method with $request_uri or $uri"
-                    .to_owned(),
-            );
+            return Err(FormatError::NoRequest);
         }
         Ok(NginxFormat { pieces })
     }
@@ -136,7 +130,7 @@ impl NginxFormat {
         line: &'a str,
         local: &mut CombinedTime,
         iso: &mut JsonTime,
-    ) -> Result<LogLine<'a>, String> {
+    ) -> Result<LogLine<'a>, LineError> {
         let mut fields = Fields::default();
         let mut rest = line;
         let mut pieces = self.pieces.iter().peekable();
@@ -145,13 +139,13 @@ impl NginxFormat {
                 Piece::Literal(text) => {
                     rest = rest
                         .strip_prefix(text.as_str())
-                        .ok_or_else(|| format!("does not match the format at {text:?}"))?;
+                        .ok_or_else(|| LineError::Mismatch(text.clone()))?;
                 }
                 Piece::Variable(variable) => {
                     let end = match pieces.peek() {
                         Some(Piece::Literal(next)) => rest
                             .find(next.as_str())
-                            .ok_or_else(|| format!("does not match the format at {next:?}"))?,
+                            .ok_or_else(|| LineError::Mismatch(next.clone()))?,
                         _ => rest.len(),
                     };
                     fields.set(variable, &rest[..end]);
@@ -206,16 +200,16 @@ impl<'a> Fields<'a> {
         *slot = value;
     }
 
-    fn line(self, local: &mut CombinedTime, iso: &mut JsonTime) -> Result<LogLine<'a>, String> {
+    fn line(self, local: &mut CombinedTime, iso: &mut JsonTime) -> Result<LogLine<'a>, LineError> {
         let time = if let Some(msec) = self.msec {
             msec.parse::<f64>()
                 .ok()
                 .filter(|seconds| seconds.is_finite())
-                .ok_or_else(|| format!("bad $msec {msec:?}"))?
+                .ok_or_else(|| LineError::Msec(msec.to_owned()))?
         } else if let Some(text) = self.time_iso8601 {
             iso.parse(text)?
         } else {
-            local.parse(self.time_local.ok_or("no time")?)?
+            local.parse(self.time_local.ok_or(LineError::Missing("time"))?)?
         };
         let mut request = self.request.unwrap_or("").split(' ');
         let method = self.method.unwrap_or_else(|| request.next().unwrap_or(""));
@@ -253,7 +247,7 @@ impl<'a> Fields<'a> {
 
 /// The format without nginx.conf's quoting: quoted pieces (`'…'` or `"…"`, `\` escaping the
 /// next character) joined, or the text as it is when it starts with no quote.
-fn unquoted(text: &str) -> Result<String, String> {
+fn unquoted(text: &str) -> Result<String, FormatError> {
     if !text.starts_with(['\'', '"']) {
         return Ok(text.to_owned());
     }
@@ -263,15 +257,11 @@ fn unquoted(text: &str) -> Result<String, String> {
         let quote = match chars.by_ref().find(|c| !c.is_whitespace()) {
             None => return Ok(joined),
             Some(quote @ ('\'' | '"')) => quote,
-            Some(other) => {
-                return Err(format!(
-                    "{other:?} outside the quoted pieces of the log_format string"
-                ))
-            }
+            Some(other) => return Err(FormatError::OutsideQuotes(other)),
         };
         loop {
             match chars.next() {
-                None => return Err(format!("unbalanced {quote} in the log_format string")),
+                None => return Err(FormatError::Unbalanced(quote)),
                 Some('\\') => joined.extend(chars.next()),
                 Some(c) if c == quote => break,
                 Some(c) => joined.push(c),

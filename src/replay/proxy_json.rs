@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use super::errors::LineError;
 use super::log_line::{origin_path, query_of, text, LogLine, LoggedField};
 use super::time::JsonTime;
 
@@ -36,9 +37,12 @@ struct CaddyRequest<'a> {
 }
 
 /// A Caddy access line; `Ok(None)` for another logger's line.
-pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
+pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, LineError> {
     let parsed: CaddyLine<'_> =
-        serde_json::from_str(line).map_err(|error| format!("not a Caddy log line: {error}"))?;
+        serde_json::from_str(line).map_err(|error| LineError::NotOfFormat {
+            format: "Caddy",
+            reason: error.to_string(),
+        })?;
     if !parsed
         .logger
         .as_deref()
@@ -46,9 +50,9 @@ pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
     {
         return Ok(None);
     }
-    let request = parsed.request.ok_or("no request")?;
-    let method = borrowed_method(request.method.ok_or("no request.method")?)?;
-    let uri = request.uri.ok_or("no request.uri")?;
+    let request = parsed.request.ok_or(LineError::Missing("request"))?;
+    let method = borrowed_method(request.method.ok_or(LineError::Missing("request.method"))?)?;
+    let uri = request.uri.ok_or(LineError::Missing("request.uri"))?;
     let query = query_of(&uri).map(|query| Cow::Owned(query.to_owned()));
     // The header's lines, as the gateway reads them: one chain.
     let forwarded_for = request
@@ -70,7 +74,7 @@ pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, String> {
         .chain(query.map(|query| (LoggedField::Query, query)))
         .collect();
     Ok(Some(LogLine {
-        time: parsed.ts.ok_or("no ts")?,
+        time: parsed.ts.ok_or(LineError::Missing("ts"))?,
         method,
         path: path_of(uri)?,
         client: request.remote_ip.and_then(|address| address.parse().ok()),
@@ -115,13 +119,16 @@ struct TraefikLine<'a> {
 pub(super) fn traefik<'a>(
     line: &'a str,
     time: &mut JsonTime,
-) -> Result<Option<LogLine<'a>>, String> {
+) -> Result<Option<LogLine<'a>>, LineError> {
     let parsed: TraefikLine<'a> =
-        serde_json::from_str(line).map_err(|error| format!("not a Traefik log line: {error}"))?;
+        serde_json::from_str(line).map_err(|error| LineError::NotOfFormat {
+            format: "Traefik",
+            reason: error.to_string(),
+        })?;
     let Some(method) = parsed.method else {
         return Ok(None);
     };
-    let path = parsed.path.ok_or("no RequestPath")?;
+    let path = parsed.path.ok_or(LineError::Missing("RequestPath"))?;
     let status = parsed.status.unwrap_or(0);
     let query = query_of(&path).map(|query| Cow::Owned(query.to_owned()));
     let logged = parsed
@@ -137,7 +144,7 @@ pub(super) fn traefik<'a>(
         .chain(query.map(|query| (LoggedField::Query, query)))
         .collect();
     Ok(Some(LogLine {
-        time: time.parse(&parsed.start.ok_or("no StartUTC")?)?,
+        time: time.parse(&parsed.start.ok_or(LineError::Missing("StartUTC"))?)?,
         method: borrowed_method(method)?,
         path: path_of(path)?,
         client: parsed.client_host.and_then(|host| host.parse().ok()),
@@ -153,21 +160,21 @@ pub(super) fn traefik<'a>(
 }
 
 /// A method as the line holds it: methods have nothing JSON escapes.
-fn borrowed_method(method: Cow<'_, str>) -> Result<&str, String> {
+fn borrowed_method(method: Cow<'_, str>) -> Result<&str, LineError> {
     match method {
         Cow::Borrowed(method) if !method.is_empty() => Ok(method),
-        _ => Err("not a method".to_owned()),
+        _ => Err(LineError::Method),
     }
 }
 
 /// The path of a logged request target, without its query.
-fn path_of(target: Cow<'_, str>) -> Result<Cow<'_, str>, String> {
+fn path_of(target: Cow<'_, str>) -> Result<Cow<'_, str>, LineError> {
     match target {
         Cow::Borrowed(target) => origin_path(target)
             .map(Cow::Borrowed)
-            .ok_or_else(|| format!("not a request target: {target:?}")),
+            .ok_or_else(|| LineError::Target(target.to_string())),
         Cow::Owned(target) => origin_path(&target)
             .map(|path| Cow::Owned(path.to_owned()))
-            .ok_or_else(|| format!("not a request target: {target:?}")),
+            .ok_or_else(|| LineError::Target(target.to_string())),
     }
 }

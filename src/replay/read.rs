@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::io::{BufRead, BufReader, Read};
 use std::net::IpAddr;
 
+use super::errors::{FormatError, LineError, OpenError};
 use super::log_line::LoggedCosts;
 use super::log_line::{origin_path, query_of, text};
 pub use super::log_line::{LogLine, LoggedField, LoggedKeys};
@@ -34,7 +35,7 @@ pub enum Format {
 impl Format {
     /// `auto`, `json`, `combined`, `caddy`, `traefik`, or `nginx:FORMAT` with the
     /// `log_format` string as nginx.conf has it: what `--format` takes.
-    pub fn parse(text: &str) -> Result<Format, String> {
+    pub fn parse(text: &str) -> Result<Format, FormatError> {
         if let Some(format) = text.strip_prefix("nginx:") {
             return NginxFormat::compile(format).map(|format| Format::Nginx(format.into()));
         }
@@ -44,11 +45,7 @@ impl Format {
             "combined" => Format::Combined,
             "caddy" => Format::Caddy,
             "traefik" => Format::Traefik,
-            _ => {
-                return Err(format!(
-                    "unknown format {text:?}: expected auto, json, combined, caddy, traefik or nginx:'LOG_FORMAT'"
-                ))
-            }
+            _ => return Err(FormatError::Unknown(text.to_owned())),
         })
     }
 
@@ -102,15 +99,14 @@ impl LineParser {
         &mut self,
         format: &Format,
         line: &'a [u8],
-    ) -> Result<Option<LogLine<'a>>, String> {
+    ) -> Result<Option<LogLine<'a>>, LineError> {
         match format {
             Format::Combined => self.parse_combined(line).map(Some),
             Format::Json | Format::Auto => self.parse_json(line),
             Format::Caddy => proxy_json::caddy(utf8(line)?),
             Format::Traefik => proxy_json::traefik(utf8(line)?, &mut self.json_time),
             Format::Nginx(nginx) => {
-                let line = std::str::from_utf8(line)
-                    .map_err(|_| "not a log line: not UTF-8".to_owned())?;
+                let line = std::str::from_utf8(line).map_err(|_| LineError::NotUtf8)?;
                 nginx
                     .parse(line, &mut self.combined_time, &mut self.json_time)
                     .map(Some)
@@ -118,22 +114,22 @@ impl LineParser {
         }
     }
 
-    fn parse_json<'a>(&mut self, line: &'a [u8]) -> Result<Option<LogLine<'a>>, String> {
-        let line = std::str::from_utf8(line).map_err(|_| "not a JSON log line: not UTF-8")?;
+    fn parse_json<'a>(&mut self, line: &'a [u8]) -> Result<Option<LogLine<'a>>, LineError> {
+        let line = utf8(line)?;
         let json = AccessFields::scan(line).map_or_else(|| AccessFields::deserialize(line), Ok)?;
         if json.target.as_deref() != Some("tollgate::access") {
             return Ok(None);
         }
         let time = self
             .json_time
-            .parse(&json.timestamp.ok_or("no timestamp")?)?;
-        let Cow::Borrowed(method) = json.method.ok_or("no method")? else {
-            return Err("not a method".to_owned());
+            .parse(&json.timestamp.ok_or(LineError::Missing("timestamp"))?)?;
+        let Cow::Borrowed(method) = json.method.ok_or(LineError::Missing("method"))? else {
+            return Err(LineError::Method);
         };
         Ok(Some(LogLine {
             time,
             method,
-            path: json.path.ok_or("no path")?,
+            path: json.path.ok_or(LineError::Missing("path"))?,
             client: json.client.and_then(|client| client.parse().ok()),
             forwarded_for: None,
             host: None,
@@ -166,11 +162,11 @@ impl LineParser {
 
     /// `$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent
     /// "$http_referer" "$http_user_agent"`, and optionally `"$http_x_forwarded_for"`.
-    fn parse_combined<'a>(&mut self, line: &'a [u8]) -> Result<LogLine<'a>, String> {
+    fn parse_combined<'a>(&mut self, line: &'a [u8]) -> Result<LogLine<'a>, LineError> {
         let line = std::str::from_utf8(line)
-            .map_err(|_| "not a combined log line: not UTF-8".to_owned())?
+            .map_err(|_| LineError::FormatNotUtf8("combined"))?
             .trim_end();
-        let not_combined = |what: &str| format!("not a combined log line: {what}");
+        let not_combined = LineError::NotCombined;
         let (remote, rest) = line
             .split_once(' ')
             .ok_or_else(|| not_combined("no fields"))?;
@@ -224,8 +220,8 @@ impl LineParser {
     }
 }
 
-fn utf8(line: &[u8]) -> Result<&str, String> {
-    std::str::from_utf8(line).map_err(|_| "not a JSON log line: not UTF-8".to_owned())
+fn utf8(line: &[u8]) -> Result<&str, LineError> {
+    std::str::from_utf8(line).map_err(|_| LineError::FormatNotUtf8("JSON"))
 }
 
 /// The fields of a JSON access line that replay reads.
@@ -288,8 +284,11 @@ impl<'a> AccessFields<'a> {
         plain.then_some(fields)
     }
 
-    pub(super) fn deserialize(line: &'a str) -> Result<AccessFields<'a>, String> {
-        serde_json::from_str(line).map_err(|error| format!("not a JSON log line: {error}"))
+    pub(super) fn deserialize(line: &'a str) -> Result<AccessFields<'a>, LineError> {
+        serde_json::from_str(line).map_err(|error| LineError::NotOfFormat {
+            format: "JSON",
+            reason: error.to_string(),
+        })
     }
 }
 
@@ -322,23 +321,23 @@ pub(super) const MAX_LINE_BYTES: usize = 1 << 20;
 pub fn read_lines(
     paths: &[String],
     format: &Format,
-    mut each: impl FnMut(u64, Result<LogLine<'_>, String>),
-) -> Result<(), String> {
+    mut each: impl FnMut(u64, Result<LogLine<'_>, LineError>),
+) -> Result<(), OpenError> {
     let mut parser = LineParser::default();
     // A line split between two reads of the file, put together here; every other line is
     // read where it lies in the reader's buffer.
     let mut split_line = Vec::new();
     for path in paths {
-        let mut reader = open(path).map_err(|error| format!("cannot read {path}: {error}"))?;
+        let mut reader = open(path).map_err(|error| OpenError {
+            path: path.clone(),
+            error,
+        })?;
         let mut file_format = format.clone();
         let mut number = 0;
         let mut line = |line: &[u8]| {
             number += 1;
             if line.len() > MAX_LINE_BYTES {
-                each(
-                    number,
-                    Err(format!("longer than {MAX_LINE_BYTES} bytes: skipped")),
-                );
+                each(number, Err(LineError::TooLong));
                 return;
             }
             let line = line.trim_ascii();
@@ -358,7 +357,9 @@ pub fn read_lines(
             let buffer = match reader.fill_buf() {
                 Ok(buffer) => buffer,
                 Err(error) => {
-                    each(number + 1, Err(format!("{path}: {error}")));
+                    let reason = error.to_string();
+                    let path = path.clone();
+                    each(number + 1, Err(LineError::Read { path, reason }));
                     break;
                 }
             };

@@ -2,6 +2,8 @@
 //! (combined), so each parser remembers the last one and reads only what changed; anything
 //! out of the usual shape goes to jiff's full parser.
 
+use super::errors::LineError;
+
 /// RFC 3339 timestamps as tollgate's JSON log writes them (`2026-12-02T12:00:00.250000Z`).
 #[derive(Default)]
 pub(super) struct JsonTime {
@@ -10,13 +12,13 @@ pub(super) struct JsonTime {
 }
 
 impl JsonTime {
-    pub(super) fn parse(&mut self, text: &str) -> Result<f64, String> {
+    pub(super) fn parse(&mut self, text: &str) -> Result<f64, LineError> {
         match self.parse_usual(text.as_bytes()) {
             Some(seconds) => Ok(seconds),
             None => {
                 let time = text
                     .parse::<jiff::Timestamp>()
-                    .map_err(|error| format!("bad timestamp: {error}"))?;
+                    .map_err(|error| LineError::Timestamp(error.to_string()))?;
                 Ok(time.as_second() as f64 + f64::from(time.subsec_nanosecond()) / 1e9)
             }
         }
@@ -72,7 +74,7 @@ pub(super) struct CombinedTime {
 }
 
 impl CombinedTime {
-    pub(super) fn parse(&mut self, text: &str) -> Result<f64, String> {
+    pub(super) fn parse(&mut self, text: &str) -> Result<f64, LineError> {
         if let Some((known, seconds)) = &self.last {
             if known == text {
                 return Ok(*seconds);
@@ -80,7 +82,10 @@ impl CombinedTime {
         }
         let time = jiff::fmt::strtime::parse("%d/%b/%Y:%H:%M:%S %z", text)
             .and_then(|parsed| parsed.to_timestamp())
-            .map_err(|error| format!("bad time {text:?}: {error}"))?;
+            .map_err(|error| LineError::Time {
+                text: text.to_owned(),
+                reason: error.to_string(),
+            })?;
         let seconds = time.as_second() as f64;
         self.last = Some((text.to_owned(), seconds));
         Ok(seconds)

@@ -348,7 +348,7 @@ async fn send_and_read_head(
                 return Ok(head);
             }
             Ok(None) => {}
-            Err(error) => return Err(Failure::new(false, error)),
+            Err(error) => return Err(Failure::new(false, error.to_string())),
         }
         if buffer.len() >= MAX_RESPONSE_HEAD_BYTES {
             return Err(Failure::new(false, "response head too large"));

@@ -32,15 +32,15 @@ pub(super) fn compile_geoip(
     let (asn_db, country_db) = (path(&raw.asn_db), path(&raw.country_db));
     match GeoIp::open(asn_db.as_deref(), country_db.as_deref()) {
         Ok((geoip, warnings)) => (Some(Arc::new(geoip)), warnings),
-        Err((kind, message)) => {
-            let file = match kind {
+        Err(error) => {
+            let file = match error.kind {
                 Kind::Asn => &raw.asn_db,
                 Kind::Country => &raw.country_db,
             };
             errors.at(
                 file.as_ref().map(Spanned::span),
-                format!("geoip.{}", kind.setting()),
-                message,
+                format!("geoip.{}", error.kind.setting()),
+                error.to_string(),
             );
             (None, Vec::new())
         }

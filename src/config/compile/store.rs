@@ -106,8 +106,8 @@ pub(super) fn compile_store(
                         ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
                         lease,
                     }),
-                    Err(message) => {
-                        errors.at(Some(url.span()), "store.url", message);
+                    Err(error) => {
+                        errors.at(Some(url.span()), "store.url", error.to_string());
                         None
                     }
                 },
@@ -122,21 +122,38 @@ pub(super) fn compile_store(
     }
 }
 
+const EXPECTED: &str = "expected \"redis://[user:password@]host:port[/db]\", \"rediss://...\" or \"redis+cluster://host:port,host:port\"";
+
+/// Why a store url is not one (each names the url).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum RedisUrlError {
+    #[error("invalid url {0:?}: {EXPECTED}")]
+    NoScheme(String),
+    #[error("invalid url {url:?}: unknown scheme {scheme:?}; {EXPECTED}")]
+    Scheme { url: String, scheme: String },
+    #[error("invalid url {0:?}: no host; {EXPECTED}")]
+    NoHost(String),
+    #[error("invalid url {0:?}: several hosts need a cluster (\"redis+cluster://...\" or cluster = true)")]
+    SeveralHosts(String),
+    #[error("invalid url {url:?}: {reason}; {EXPECTED}")]
+    Node { url: String, reason: String },
+}
+
 /// Splits a store URL into one URL per node: `redis://[user:pass@]host:port[/db]`,
 /// `rediss://...` (TLS), `redis+cluster://host:port,host:port` (or `cluster = true`).
-fn redis_nodes(url: &str, cluster: bool) -> Result<(Vec<String>, bool), String> {
-    let expected = "expected \"redis://[user:password@]host:port[/db]\", \"rediss://...\" or \"redis+cluster://host:port,host:port\"";
+fn redis_nodes(url: &str, cluster: bool) -> Result<(Vec<String>, bool), RedisUrlError> {
     let (scheme, rest) = url
         .split_once("://")
-        .ok_or_else(|| format!("invalid url {url:?}: {expected}"))?;
+        .ok_or_else(|| RedisUrlError::NoScheme(url.to_owned()))?;
     let (scheme, cluster) = match scheme {
         "redis" | "rediss" => (scheme, cluster),
         "redis+cluster" => ("redis", true),
         "rediss+cluster" => ("rediss", true),
         _ => {
-            return Err(format!(
-                "invalid url {url:?}: unknown scheme {scheme:?}; {expected}"
-            ))
+            return Err(RedisUrlError::Scheme {
+                url: url.to_owned(),
+                scheme: scheme.to_owned(),
+            })
         }
     };
     let (authority, path) = match rest.find('/') {
@@ -154,14 +171,18 @@ fn redis_nodes(url: &str, cluster: bool) -> Result<(Vec<String>, bool), String> 
         .map(|host| format!("{scheme}://{userinfo}{host}{path}"))
         .collect();
     if nodes.is_empty() {
-        return Err(format!("invalid url {url:?}: no host; {expected}"));
+        return Err(RedisUrlError::NoHost(url.to_owned()));
     }
     if !cluster && nodes.len() > 1 {
-        return Err(format!("invalid url {url:?}: several hosts need a cluster (\"redis+cluster://...\" or cluster = true)"));
+        return Err(RedisUrlError::SeveralHosts(url.to_owned()));
     }
     for node in &nodes {
-        redis::IntoConnectionInfo::into_connection_info(node.as_str())
-            .map_err(|error| format!("invalid url {url:?}: {error}; {expected}"))?;
+        redis::IntoConnectionInfo::into_connection_info(node.as_str()).map_err(|error| {
+            RedisUrlError::Node {
+                url: url.to_owned(),
+                reason: error.to_string(),
+            }
+        })?;
     }
     Ok((nodes, cluster))
 }

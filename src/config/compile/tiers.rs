@@ -52,9 +52,9 @@ pub(super) fn compile_amount(
             let zone = raw.timezone.as_ref().map(|zone| zone.get_ref().as_str());
             let calendar = match Calendar::new(*period.get_ref(), zone) {
                 Ok(calendar) => calendar,
-                Err(message) => {
+                Err(error) => {
                     let span = raw.timezone.as_ref().map(Spanned::span);
-                    errors.at(span, format!("{key}.timezone"), message);
+                    errors.at(span, format!("{key}.timezone"), error.to_string());
                     return None;
                 }
             };

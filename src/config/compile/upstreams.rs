@@ -56,7 +56,11 @@ pub(super) fn compile_upstream(
     for text in &urls {
         match upstream_target(text) {
             Ok(target) => targets.push(target),
-            Err(message) => errors.at(Some(urls_span.clone()), format!("{key}.url"), message),
+            Err(error) => errors.at(
+                Some(urls_span.clone()),
+                format!("{key}.url"),
+                error.to_string(),
+            ),
         }
     }
     let connect_timeout = duration_or(raw.connect_timeout, Duration::from_secs(2));
@@ -81,21 +85,30 @@ pub(super) fn compile_upstream(
 const EXPECTED: &str =
     "expected \"http://host:port\", \"https://host:port\" or \"h2c://host:port\" (HTTP/2 without TLS)";
 
-fn upstream_target(text: &str) -> Result<UpstreamTarget, String> {
+/// Why an upstream url is not one (each names the url).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum UrlError {
+    #[error("invalid url {0:?}: {EXPECTED}")]
+    NotAUrl(String),
+    #[error("invalid url {0:?}: no host; {EXPECTED}")]
+    NoHost(String),
+    #[error("invalid url {0:?}: an upstream url cannot carry a query")]
+    Query(String),
+}
+
+fn upstream_target(text: &str) -> Result<UpstreamTarget, UrlError> {
     let url: Uri = text
         .parse()
-        .map_err(|_| format!("invalid url {text:?}: {EXPECTED}"))?;
+        .map_err(|_| UrlError::NotAUrl(text.to_owned()))?;
     match url.scheme_str() {
         Some("http" | "https" | "h2c") => {}
-        _ => return Err(format!("invalid url {text:?}: {EXPECTED}")),
+        _ => return Err(UrlError::NotAUrl(text.to_owned())),
     }
     if url.authority().is_none() {
-        return Err(format!("invalid url {text:?}: no host; {EXPECTED}"));
+        return Err(UrlError::NoHost(text.to_owned()));
     }
     if url.query().is_some() {
-        return Err(format!(
-            "invalid url {text:?}: an upstream url cannot carry a query"
-        ));
+        return Err(UrlError::Query(text.to_owned()));
     }
     let base_path = url.path().trim_end_matches('/').to_owned();
     Ok(UpstreamTarget { url, base_path })

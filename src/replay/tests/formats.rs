@@ -153,7 +153,7 @@ fn an_nginx_log_format_that_cannot_be_read_says_why() {
         ),
         ("ngnix", "unknown format"),
     ] {
-        let error = Format::parse(format).unwrap_err();
+        let error = Format::parse(format).unwrap_err().to_string();
         assert!(error.contains(expected), "{format}: {error}");
     }
 }

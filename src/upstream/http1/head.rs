@@ -24,13 +24,34 @@ pub(super) struct Head {
     pub(super) keep_alive: bool,
 }
 
+/// Why an upstream's response head is refused (the exchange fails: 502).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum HeadError {
+    #[error("invalid response head: {0}")]
+    Invalid(httparse::Error),
+    #[error("response head too large")]
+    TooLarge,
+    #[error("invalid response status")]
+    Status,
+    #[error("invalid response header name {0:?}")]
+    Name(String),
+    #[error("invalid value of response header {0}")]
+    Value(HeaderName),
+    #[error("Transfer-Encoding in an HTTP/1.0 response")]
+    TransferEncodingInHttp10,
+    #[error("invalid Content-Length in the response")]
+    ContentLength,
+    #[error("conflicting Content-Length values in the response")]
+    ConflictingContentLengths,
+}
+
 /// Parses a response head from the start of `buffer`: `Ok(None)` until it is complete, then
 /// the head, taken out of the buffer.
 pub(super) fn parse_head(
     buffer: &mut BytesMut,
     names: &mut KnownNames,
     method: &Method,
-) -> Result<Option<Head>, String> {
+) -> Result<Option<Head>, HeadError> {
     if buffer.is_empty() {
         return Ok(None);
     }
@@ -43,15 +64,15 @@ pub(super) fn parse_head(
     ) {
         Ok(httparse::Status::Complete(length)) => length,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(error) => return Err(format!("invalid response head: {error}")),
+        Err(error) => return Err(HeadError::Invalid(error)),
     };
     if length > MAX_RESPONSE_HEAD_BYTES {
-        return Err("response head too large".to_owned());
+        return Err(HeadError::TooLarge);
     }
     let status = parsed
         .code
         .and_then(|code| StatusCode::from_u16(code).ok())
-        .ok_or("invalid response status")?;
+        .ok_or(HeadError::Status)?;
     let version = if parsed.version == Some(1) {
         Version::HTTP_11
     } else {
@@ -68,7 +89,7 @@ pub(super) fn parse_head(
     for field in parsed.headers.iter() {
         let name = names
             .name(field.name.as_bytes())
-            .ok_or_else(|| format!("invalid response header name {:?}", field.name))?;
+            .ok_or_else(|| HeadError::Name(field.name.to_owned()))?;
         transfer_encoding |= name == header::TRANSFER_ENCODING;
         connection |= name == header::CONNECTION;
         let start = field.value.as_ptr() as usize - base;
@@ -83,7 +104,7 @@ pub(super) fn parse_head(
     let head = buffer.split_to(length).freeze();
     for (name, range) in values {
         let value = HeaderValue::from_maybe_shared(head.slice(range))
-            .map_err(|_| format!("invalid value of response header {name}"))?;
+            .map_err(|_| HeadError::Value(name.clone()))?;
         headers.append(name, value);
     }
     let content_lengths = content_lengths.into_iter().map(|range| &head[range]);
@@ -119,14 +140,14 @@ pub(super) fn framing<'v>(
     headers: &HeaderMap,
     transfer_encoding: bool,
     content_lengths: impl Iterator<Item = &'v [u8]>,
-) -> Result<(Framing, bool), String> {
+) -> Result<(Framing, bool), HeadError> {
     let mut content_lengths = content_lengths.peekable();
     if *method == Method::HEAD || is_bodyless(status) {
         return Ok((Framing::Empty, may_reuse_after(method, status, headers)));
     }
     if transfer_encoding && version == Version::HTTP_10 {
         // RFC 9112 §6.1: its framing is faulty; refused, as hyper's client refuses it.
-        return Err("Transfer-Encoding in an HTTP/1.0 response".to_owned());
+        return Err(HeadError::TransferEncodingInHttp10);
     }
     if transfer_encoding {
         let chunked_last = header_tokens(headers, header::TRANSFER_ENCODING)
@@ -149,9 +170,9 @@ pub(super) fn framing<'v>(
             let parsed = (!piece.is_empty() && piece.iter().all(u8::is_ascii_digit))
                 .then(|| std::str::from_utf8(piece).ok()?.parse::<u64>().ok())
                 .flatten()
-                .ok_or("invalid Content-Length in the response")?;
+                .ok_or(HeadError::ContentLength)?;
             if length.is_some_and(|seen| seen != parsed) {
-                return Err("conflicting Content-Length values in the response".to_owned());
+                return Err(HeadError::ConflictingContentLengths);
             }
             length = Some(parsed);
         }
@@ -168,7 +189,7 @@ mod tests {
     use super::*;
 
     /// The head parsed from `text`, and how many bytes of it that took.
-    fn head(text: &str, method: &Method) -> Result<Option<(Head, usize)>, String> {
+    fn head(text: &str, method: &Method) -> Result<Option<(Head, usize)>, HeadError> {
         let mut buffer = BytesMut::from(text);
         let head = parse_head(&mut buffer, &mut KnownNames::default(), method)?;
         Ok(head.map(|head| (head, text.len() - buffer.len())))

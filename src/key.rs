@@ -380,6 +380,78 @@ fn describe(source: &KeySource) -> String {
     }
 }
 
+/// A header's value: repeated fields are one list, their values joined with commas.
+#[inline]
+fn header_value<'f>(facts: &'f RequestFacts<'_>, name: &http::HeaderName) -> Option<Cow<'f, str>> {
+    let mut values = facts
+        .headers
+        .get_all(name)
+        .iter()
+        .map(|value| match value.to_str() {
+            // Visible ASCII and tabs, the usual value: Unicode's trim is ASCII's here.
+            Ok(text) => Cow::Borrowed(text.trim_ascii()),
+            Err(_) => trimmed(String::from_utf8_lossy(value.as_bytes())),
+        })
+        .filter(|value| !value.is_empty());
+    values.next().map(|first| match values.next() {
+        None => first,
+        Some(second) => {
+            let mut joined = first.into_owned();
+            for value in std::iter::once(second).chain(values) {
+                joined.push(',');
+                joined.push_str(&value);
+            }
+            Cow::Owned(joined)
+        }
+    })
+}
+
+/// A query parameter's one value (named twice, the key is unclear).
+fn query_value(
+    source: &KeySource,
+    facts: &RequestFacts<'_>,
+    name: &str,
+) -> Result<Option<String>, KeyError> {
+    let pairs = facts
+        .query
+        .map(|query| {
+            form_urlencoded::parse(query.as_bytes())
+                .into_owned()
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let values = pairs
+        .iter()
+        .filter(|(key, _)| key == name)
+        .map(|(_, value)| value.as_str());
+    Ok(single_value(source, values)?.map(str::to_owned))
+}
+
+/// A form field's one value. A field the query string names too is unclear: some frameworks
+/// read the query's first (Servlet getParameter), so the limit and the application could
+/// disagree.
+fn form_value<'f>(
+    source: &KeySource,
+    facts: &'f RequestFacts<'_>,
+    name: &str,
+) -> Result<Option<Cow<'f, str>>, KeyError> {
+    let in_query = facts
+        .query
+        .is_some_and(|query| form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == name));
+    if in_query {
+        return Err(KeyError::Unclear(format!(
+            "{} is also in the query string",
+            describe(source)
+        )));
+    }
+    let values = facts
+        .form()
+        .iter()
+        .filter(|(key, _)| key == name)
+        .map(|(_, value)| value.as_str());
+    Ok(single_value(source, values)?.map(Cow::Borrowed))
+}
+
 /// The value a source names in this request; empty values count as missing. Borrowed from
 /// the request where it can be (a header or cookie sent once, the usual case).
 fn value_of<'f>(
@@ -392,48 +464,8 @@ fn value_of<'f>(
         | KeySource::ClientAsn
         | KeySource::ClientCountry => None,
         KeySource::TlsJa4 => facts.ja4.map(Cow::Borrowed),
-        KeySource::Header(name) => {
-            // Repeated header fields are one list: their values joined with commas.
-            let mut values = facts
-                .headers
-                .get_all(name)
-                .iter()
-                .map(|value| match value.to_str() {
-                    // Visible ASCII and tabs, the usual value: Unicode's trim is ASCII's here.
-                    Ok(text) => Cow::Borrowed(text.trim_ascii()),
-                    Err(_) => trimmed(String::from_utf8_lossy(value.as_bytes())),
-                })
-                .filter(|value| !value.is_empty());
-            values.next().map(|first| match values.next() {
-                None => first,
-                Some(second) => {
-                    let mut joined = first.into_owned();
-                    for value in std::iter::once(second).chain(values) {
-                        joined.push(',');
-                        joined.push_str(&value);
-                    }
-                    Cow::Owned(joined)
-                }
-            })
-        }
-        KeySource::Query(name) => {
-            let pairs = facts
-                .query
-                .map(|query| {
-                    form_urlencoded::parse(query.as_bytes())
-                        .into_owned()
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default();
-            single_value(
-                source,
-                pairs
-                    .iter()
-                    .filter(|(key, _)| key == name)
-                    .map(|(_, value)| value.as_str()),
-            )?
-            .map(|value| Cow::Owned(value.to_owned()))
-        }
+        KeySource::Header(name) => header_value(facts, name),
+        KeySource::Query(name) => query_value(source, facts, name)?.map(Cow::Owned),
         KeySource::Cookie(name) => {
             let cookies = facts
                 .headers
@@ -446,25 +478,7 @@ fn value_of<'f>(
                 .map(|(_, value)| value.trim().trim_matches('"'));
             single_value(source, cookies)?.map(Cow::Borrowed)
         }
-        KeySource::FormField(name) => {
-            // A field the query string names too: some frameworks read the query's first
-            // (Servlet getParameter), so the limit and the application could disagree.
-            let in_query = facts.query.is_some_and(|query| {
-                form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == name.as_str())
-            });
-            if in_query {
-                return Err(KeyError::Unclear(format!(
-                    "{} is also in the query string",
-                    describe(source)
-                )));
-            }
-            let values = facts
-                .form()
-                .iter()
-                .filter(|(key, _)| key == name)
-                .map(|(_, value)| value.as_str());
-            single_value(source, values)?.map(Cow::Borrowed)
-        }
+        KeySource::FormField(name) => form_value(source, facts, name)?,
         KeySource::JwtClaim(path) => facts.claims.and_then(|claims| scalar_at(claims, path)),
         KeySource::JsonField(path) => match facts.json() {
             JsonBody::Parsed(serde_json::Value::Object(json)) => scalar_at(json, path),

@@ -153,7 +153,17 @@ async fn every_metric_of_the_specification_with_counters_that_add_up() {
     }
     let download = client.get("/download", &[]).await;
     let admin = HttpClient::new(gateway.admin_address);
-    let text = String::from_utf8(admin.get("/metrics", &[]).await.body.to_vec()).unwrap();
+    // The client has the download's last byte a moment before the gateway drops the body
+    // that sent it (and with it the request's in-flight count and the settlement's line):
+    // scraped until that moment has passed, for at most 10 s.
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = String::from_utf8(admin.get("/metrics", &[]).await.body.to_vec()).unwrap();
+        if parse(&text).value("tollgate_inflight_requests", &[]) == 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let scrape = parse(&text);
 
     let expected = [

@@ -12,6 +12,7 @@ mod shaping;
 mod store;
 mod tiers;
 mod upstreams;
+mod warnings;
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
@@ -19,10 +20,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Method;
-
 use super::raw::{self, RawConfig};
-use super::{ConfigError, ConfigErrors, Limit, PathMatch, Policy, Upstream};
+use super::{ConfigError, ConfigErrors, Limit, Policy, Upstream};
 
 /// Collects errors with their positions while the policy is compiled.
 pub(super) struct Errors<'a> {
@@ -226,20 +225,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         .listen
         .as_ref()
         .is_some_and(|listen| listen.get_ref().is_empty());
-    let server = server::compile_server(raw.server, base, errors);
-    let admin_span = raw.admin.listen.as_ref().map(toml::Spanned::span);
-    let admin = server::compile_admin(raw.admin, errors);
-    if let Some(public) = server
-        .listen
-        .iter()
-        .find(|public| server::same_listener(public, &admin.listen))
-    {
-        errors.at(
-            admin_span,
-            "admin.listen",
-            format!("{} is also a public listener ({public}): /metrics and /limits must never be served to clients; give the admin listener its own port", admin.listen),
-        );
-    }
+    let (server, admin) = compile_listeners(raw.server, raw.admin, base, errors);
     let client_ip = server::compile_client_ip(raw.client_ip, errors);
     let store = store::compile_store(raw.store, base, errors);
     let overload = raw
@@ -269,26 +255,8 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         .map(Arc::new)
         .collect();
     geoip::check_databases(&limits, geoip.as_deref(), errors);
-    let mut routes = Vec::with_capacity(raw.routes.len());
-    let mut route_names = HashSet::new();
-    for (index, route) in raw.routes.into_iter().enumerate() {
-        let name = route.get_ref().name.clone();
-        if !route_names.insert(name.get_ref().clone()) {
-            errors.at(
-                Some(name.span()),
-                format!("routes[{index}].name"),
-                format!("duplicate route name {:?}: route names must be unique (they label the metrics)", name.get_ref()),
-            );
-        }
-        routes.extend(routes::compile_route(
-            index,
-            route,
-            &upstreams,
-            &limits,
-            server.path_matching,
-            errors,
-        ));
-    }
+    let path_matching = server.path_matching;
+    let routes = compile_routes(raw.routes, &upstreams, &limits, path_matching, errors);
     let decision_configured = raw.decision.is_some();
     let decision = raw
         .decision
@@ -301,17 +269,14 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         );
     }
     if let Some(decision) = &decision {
-        let taken = server.listen.iter().chain([&admin.listen]);
-        if let Some(other) = taken
-            .into_iter()
-            .find(|other| server::same_listener(other, &decision.listen))
-        {
-            errors.at(
-                None,
-                "decision.listen",
-                format!("{} is also the address of another listener ({other}): give the decision listener its own port", decision.listen),
-            );
-        }
+        check_decision_listener(decision, &server, &admin, errors);
+    }
+    if routes.is_empty() {
+        errors.at(
+            None,
+            "routes",
+            "no [[routes]]: every request would get 404; add at least one route",
+        );
     }
     let mut policy = Policy {
         server,
@@ -327,16 +292,84 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         geoip,
         warnings: Vec::new(),
     };
-    if policy.routes.is_empty() {
-        errors.at(
-            None,
-            "routes",
-            "no [[routes]]: every request would get 404; add at least one route",
-        );
-    }
-    policy.warnings = warnings(&policy);
+    policy.warnings = warnings::warnings(&policy);
     policy.warnings.extend(geoip_warnings);
     policy
+}
+
+/// `[server]` and `[admin]`; the admin listener never on a public listener's address.
+fn compile_listeners(
+    raw_server: raw::RawServer,
+    raw_admin: raw::RawAdmin,
+    base: Option<&Path>,
+    errors: &mut Errors<'_>,
+) -> (super::ServerSettings, super::AdminSettings) {
+    let server = server::compile_server(raw_server, base, errors);
+    let admin_span = raw_admin.listen.as_ref().map(toml::Spanned::span);
+    let admin = server::compile_admin(raw_admin, errors);
+    if let Some(public) = server
+        .listen
+        .iter()
+        .find(|public| server::same_listener(public, &admin.listen))
+    {
+        errors.at(
+            admin_span,
+            "admin.listen",
+            format!("{} is also a public listener ({public}): /metrics and /limits must never be served to clients; give the admin listener its own port", admin.listen),
+        );
+    }
+    (server, admin)
+}
+
+/// The decision listener never on another listener's address.
+fn check_decision_listener(
+    decision: &super::DecisionSettings,
+    server: &super::ServerSettings,
+    admin: &super::AdminSettings,
+    errors: &mut Errors<'_>,
+) {
+    let taken = server.listen.iter().chain([&admin.listen]);
+    if let Some(other) = taken
+        .into_iter()
+        .find(|other| server::same_listener(other, &decision.listen))
+    {
+        errors.at(
+            None,
+            "decision.listen",
+            format!("{} is also the address of another listener ({other}): give the decision listener its own port", decision.listen),
+        );
+    }
+}
+
+/// `[[routes]]`, in match order; route names are unique.
+fn compile_routes(
+    raw_routes: Vec<toml::Spanned<raw::RawRoute>>,
+    upstreams: &[Arc<Upstream>],
+    limits: &[Arc<Limit>],
+    path_matching: super::PathMatching,
+    errors: &mut Errors<'_>,
+) -> Vec<super::Route> {
+    let mut routes = Vec::with_capacity(raw_routes.len());
+    let mut route_names = HashSet::new();
+    for (index, route) in raw_routes.into_iter().enumerate() {
+        let name = route.get_ref().name.clone();
+        if !route_names.insert(name.get_ref().clone()) {
+            errors.at(
+                Some(name.span()),
+                format!("routes[{index}].name"),
+                format!("duplicate route name {:?}: route names must be unique (they label the metrics)", name.get_ref()),
+            );
+        }
+        routes.extend(routes::compile_route(
+            index,
+            route,
+            upstreams,
+            limits,
+            path_matching,
+            errors,
+        ));
+    }
+    routes
 }
 
 pub(super) fn duration_or(value: Option<raw::HumanDuration>, default: Duration) -> Duration {
@@ -349,157 +382,6 @@ pub(super) fn list_or_none(names: &[&str]) -> String {
     } else {
         names.join(", ")
     }
-}
-
-/// Valid but suspicious policy.
-fn warnings(policy: &Policy) -> Vec<String> {
-    let mut warnings = Vec::new();
-    let in_rules = |limit: &Arc<Limit>| {
-        policy.decision.as_ref().is_some_and(|decision| {
-            decision
-                .descriptors
-                .iter()
-                .any(|rule| Arc::ptr_eq(&rule.limit, limit))
-        })
-    };
-    for limit in &policy.limits {
-        if !in_rules(limit)
-            && !policy.routes.iter().any(|route| {
-                route
-                    .limits
-                    .iter()
-                    .any(|entry| Arc::ptr_eq(&entry.limit, limit))
-            })
-        {
-            warnings.push(format!("limit {:?} is not used by any route", limit.name));
-        }
-        if limit.lease.is_some() && policy.store.redis.is_none() {
-            warnings.push(format!("limit {:?} has a lease, which only the Redis store uses: on the memory store every request is decided as usual", limit.name));
-        }
-        let fingerprinted = policy.server.tls.is_some() || policy.decision.is_some();
-        if !fingerprinted && limit.key.contains(&super::KeySource::TlsJa4) {
-            warnings.push(format!("limit {:?} is keyed by tls_ja4, but no listener serves TLS (and no [decision] listener is asked with X-Tollgate-JA4): the key is always missing", limit.name));
-        }
-        if let Some(super::TierSource::Header(name)) = &limit.tier {
-            warnings.push(format!("limit {:?} takes its tier from the {name} header: a client that can set it picks its own tier, so only a proxy in front must set it (and remove what clients send)", limit.name));
-        }
-    }
-    for upstream in &policy.upstreams {
-        if !policy
-            .routes
-            .iter()
-            .any(|route| Arc::ptr_eq(&route.upstream, upstream))
-        {
-            warnings.push(format!(
-                "upstream {:?} is not used by any route",
-                upstream.name
-            ));
-        }
-    }
-    for route in &policy.routes {
-        if route.limits.is_empty() {
-            warnings.push(format!(
-                "route {:?} has no limits: its requests are never refused",
-                route.name
-            ));
-        }
-        let get_only = route.methods.as_ref().is_some_and(|methods| {
-            methods
-                .iter()
-                .all(|method| *method == Method::GET || *method == Method::HEAD)
-        });
-        if get_only && route.reads_body {
-            warnings.push(format!("route {:?} only matches GET/HEAD but a limit reads the request body, which such requests rarely have", route.name));
-        }
-        let http1_upstream = route
-            .upstream
-            .targets
-            .iter()
-            .any(|target| target.url.scheme_str() == Some("http"));
-        if let PathMatch::Prefix(prefix) = &route.path {
-            if looks_like_grpc_service(prefix) && http1_upstream {
-                warnings.push(format!("route {:?} looks like a gRPC service ({prefix}) but its upstream {:?} is http://, which speaks HTTP/1.1: gRPC needs h2c://host:port or an https:// upstream that speaks HTTP/2", route.name, route.upstream.name));
-            }
-        }
-    }
-    let mut dead = Vec::new();
-    for (index, route) in policy.routes.iter().enumerate() {
-        if let Some(earlier) = policy.routes[..index]
-            .iter()
-            .find(|earlier| always_matches_first(earlier, route))
-        {
-            warnings.push(format!("route {:?} can never match: route {:?} above it matches every request it would (put the more specific route first)", route.name, earlier.name));
-            dead.push(route);
-        }
-    }
-    for limit in &policy.limits {
-        let users: Vec<&super::Route> = policy
-            .routes
-            .iter()
-            .filter(|route| {
-                route
-                    .limits
-                    .iter()
-                    .any(|entry| Arc::ptr_eq(&entry.limit, limit))
-            })
-            .collect();
-        if !users.is_empty()
-            && users
-                .iter()
-                .all(|route| dead.iter().any(|dead| std::ptr::eq(*dead, *route)))
-        {
-            warnings.push(format!(
-                "limit {:?} never applies: only routes that can never match use it",
-                limit.name
-            ));
-        }
-    }
-    let catch_all = policy.routes.iter().any(|route| {
-        route.host.is_none()
-            && route.methods.is_none()
-            && route.path == PathMatch::Prefix("/".to_owned())
-    });
-    if policy.decision.is_some() {
-        warnings.extend(decision::warnings(policy));
-    }
-    if !catch_all {
-        warnings.push("no catch-all route (path_prefix = \"/\"): requests that match no route get 404 from the gateway".to_owned());
-    }
-    warnings
-}
-
-/// Whether a path prefix names a gRPC service, `/package.Service/`: one segment, dotted, its
-/// last part capitalized as service names are.
-fn looks_like_grpc_service(prefix: &str) -> bool {
-    let name = prefix.trim_start_matches('/').trim_end_matches('/');
-    let service = name.rsplit('.').next().unwrap_or_default();
-    name.contains('.')
-        && name
-            .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'.')
-        && service.starts_with(|first: char| first.is_ascii_uppercase())
-}
-
-/// Whether `earlier` matches every request `later` would, so that `later` is never reached.
-fn always_matches_first(earlier: &super::Route, later: &super::Route) -> bool {
-    let hosts = earlier.host.is_none() || earlier.host == later.host;
-    let methods = match (&earlier.methods, &later.methods) {
-        (None, _) => true,
-        (Some(_), None) => false,
-        (Some(earlier), Some(later)) => later.iter().all(|method| earlier.contains(method)),
-    };
-    let paths = match (&earlier.match_path, &later.match_path) {
-        (PathMatch::Prefix(prefix), PathMatch::Prefix(path) | PathMatch::Exact(path)) => {
-            prefix == "/"
-                || path == prefix
-                || path
-                    .strip_prefix(prefix.as_str())
-                    .is_some_and(|rest| rest.starts_with('/'))
-        }
-        (PathMatch::Exact(earlier), PathMatch::Exact(later)) => earlier == later,
-        (PathMatch::Exact(_), PathMatch::Prefix(_)) => false,
-    };
-    hosts && methods && paths
 }
 
 /// Compiling policy text in unit tests of the sections.

@@ -22,36 +22,7 @@ pub(super) fn compile_jwt(
 ) -> Option<Arc<JwtVerifier>> {
     let span = Some(raw.span());
     let raw = raw.into_inner();
-    let source = match raw.from {
-        None => TokenSource::Header(http::header::AUTHORIZATION),
-        Some(from) => {
-            let from_span = Some(from.span());
-            match from.into_inner() {
-                raw::RawTokenSource {
-                    header: Some(name),
-                    cookie: None,
-                } => match http::HeaderName::from_bytes(name.as_bytes()) {
-                    Ok(name) => TokenSource::Header(name),
-                    Err(_) => {
-                        errors.at(
-                            from_span,
-                            "auth.jwt.from.header",
-                            format!("{name:?} is not a valid header name"),
-                        );
-                        return None;
-                    }
-                },
-                raw::RawTokenSource {
-                    header: None,
-                    cookie: Some(name),
-                } if !name.is_empty() => TokenSource::Cookie(name),
-                _ => {
-                    errors.at(from_span, "auth.jwt.from", "name one place: { header = \"authorization\" } or { cookie = \"session\" }");
-                    return None;
-                }
-            }
-        }
-    };
+    let source = token_source(raw.from, errors)?;
     let leeway = duration_or(raw.leeway, DEFAULT_LEEWAY).as_secs();
     let issuer = raw.issuer.filter(|issuer| !issuer.is_empty());
     let audience = raw.audience.filter(|audience| !audience.is_empty());
@@ -103,6 +74,44 @@ pub(super) fn compile_jwt(
             None
         }
     }
+}
+
+/// Where tokens are read (`from`): the `Authorization` header unless a header or a cookie
+/// is named.
+fn token_source(
+    from: Option<Spanned<raw::RawTokenSource>>,
+    errors: &mut Errors<'_>,
+) -> Option<TokenSource> {
+    Some(match from {
+        None => TokenSource::Header(http::header::AUTHORIZATION),
+        Some(from) => {
+            let from_span = Some(from.span());
+            match from.into_inner() {
+                raw::RawTokenSource {
+                    header: Some(name),
+                    cookie: None,
+                } => match http::HeaderName::from_bytes(name.as_bytes()) {
+                    Ok(name) => TokenSource::Header(name),
+                    Err(_) => {
+                        errors.at(
+                            from_span,
+                            "auth.jwt.from.header",
+                            format!("{name:?} is not a valid header name"),
+                        );
+                        return None;
+                    }
+                },
+                raw::RawTokenSource {
+                    header: None,
+                    cookie: Some(name),
+                } if !name.is_empty() => TokenSource::Cookie(name),
+                _ => {
+                    errors.at(from_span, "auth.jwt.from", "name one place: { header = \"authorization\" } or { cookie = \"session\" }");
+                    return None;
+                }
+            }
+        }
+    })
 }
 
 #[cfg(test)]

@@ -24,44 +24,25 @@ pub(super) fn compile_limit(
 ) -> Option<Limit> {
     let key = format!("limits.{name}");
     let span = raw.span();
-    let raw = raw.into_inner();
-    if !valid_name(&name) {
-        errors.at(
-            Some(span.clone()),
-            &key,
-            format!("invalid limit name {name:?}: use letters, digits, '_', '-' and '.'"),
-        );
-    }
-    let concurrency = raw
-        .concurrency
-        .as_ref()
-        .map(|concurrency| compile_concurrency(concurrency, &raw, &key, errors));
-    let max_delay = compile_delay(
-        &raw,
-        &key,
-        concurrency.is_none() && raw.quota.is_none(),
-        errors,
-    );
-    let (capacity, rate, calendar) = match concurrency {
-        // A slot held is one token of a bucket that refills at once when it is given back:
-        // the headers speak of it as of a bucket of `concurrency` tokens a second.
-        Some(slots) => (
-            f64::from(slots),
-            Rate {
-                tokens: f64::from(slots),
-                period: std::time::Duration::from_secs(1),
-            },
-            None,
-        ),
-        None => compile_amount(&raw, &key, span.clone(), errors)?,
-    };
+    let mut raw = raw.into_inner();
+    let jwt = jwt_configured;
+    check_name(&name, &key, span.clone(), errors);
+    let Counted {
+        concurrency,
+        max_delay,
+        capacity,
+        rate,
+        calendar,
+    } = compile_counted(&raw, &key, span.clone(), errors)?;
     let ban = compile_ban(&raw, &key, concurrency.is_some(), errors);
     let lease = compile_lease(&raw, &key, (capacity, rate), max_delay.is_some(), errors);
     let adaptive = raw
         .adaptive
+        .take()
         .map(|adaptive| compile_adaptive(adaptive, &key, capacity, errors));
     let charge_on_status = raw
         .charge_on_status
+        .take()
         .map(|charges| compile_charges(charges, &key, errors))
         .unwrap_or_default();
     if calendar.is_some() && (adaptive.is_some() || !charge_on_status.is_empty()) {
@@ -71,24 +52,9 @@ pub(super) fn compile_limit(
             "a calendar quota takes no adaptive penalty or charge_on_status: it counts requests per period; put those on a token bucket beside it",
         );
     }
-    let key_sources = compile_key_sources(&raw.key, &key, jwt_configured, errors);
-    let tier = raw
-        .tier
-        .map(|tier| compile_tier_source(tier, &key, raw.trust_header, jwt_configured, errors));
-    let tiers = raw
-        .tiers
-        .map(|tiers| {
-            let quota = calendar.is_some();
-            compile_tiers(tiers, &key, (capacity, rate, quota), errors)
-        })
-        .unwrap_or_default();
-    if tier.is_some() == tiers.is_empty() {
-        errors.at(
-            Some(span.clone()),
-            format!("{key}.tiers"),
-            "tier (where a request's tier comes from) and [limits.NAME.tiers] (the numbers of each tier) go together",
-        );
-    }
+    let key_sources = compile_key_sources(&raw.key, &key, jwt, errors);
+    let amount = (capacity, rate, calendar.is_some());
+    let (tier, tiers) = compile_tiering(&mut raw, &key, span.clone(), amount, jwt, errors);
     let prefixes = (raw.ipv4_prefix.as_ref(), raw.ipv6_prefix.as_ref());
     let (exempt, ipv4_prefix, ipv6_prefix) =
         compile_networks(raw.exempt.as_ref(), prefixes, &key, client_ip, errors);
@@ -99,23 +65,7 @@ pub(super) fn compile_limit(
         errors,
     );
     let normalize = raw.normalize.unwrap_or_default();
-    let fingerprint = fingerprint(&[
-        &format!("{key_sources:?}"),
-        &format!("{tiers:?}"),
-        &calendar
-            .as_ref()
-            .map(|calendar| format!("{} {}", calendar.period.as_str(), calendar.zone_name))
-            .unwrap_or_default(),
-        &format!("{normalize:?}"),
-        &capacity.to_bits().to_string(),
-        &rate.per_second().to_bits().to_string(),
-        &ipv4_prefix.to_string(),
-        &ipv6_prefix.to_string(),
-        &format!("{concurrency:?}"),
-    ]);
-    // Neither the delay nor the lease is part of the fingerprint: changing them keeps the
-    // buckets.
-    Some(Limit {
+    let mut limit = Limit {
         name: Arc::from(name.as_str()),
         key: key_sources,
         normalize,
@@ -128,17 +78,116 @@ pub(super) fn compile_limit(
         exempt_countries,
         ipv4_prefix,
         ipv6_prefix,
-        fingerprint,
+        fingerprint: 0,
         adaptive,
         charge_on_status,
-        tier: tier.flatten(),
+        tier,
         tiers,
         calendar,
         concurrency,
         max_delay,
         lease,
         ban,
+    };
+    limit.fingerprint = definition_fingerprint(&limit);
+    Some(limit)
+}
+
+/// What tells one definition of a limit from another, so that a redefined limit starts
+/// fresh buckets. Neither the delay nor the lease is part of it: changing them keeps the
+/// buckets.
+fn definition_fingerprint(limit: &Limit) -> u64 {
+    let calendar = limit
+        .calendar
+        .as_ref()
+        .map(|calendar| format!("{} {}", calendar.period.as_str(), calendar.zone_name));
+    fingerprint(&[
+        &format!("{:?}", limit.key),
+        &format!("{:?}", limit.tiers),
+        &calendar.unwrap_or_default(),
+        &format!("{:?}", limit.normalize),
+        &limit.capacity.to_bits().to_string(),
+        &limit.rate.per_second().to_bits().to_string(),
+        &limit.ipv4_prefix.to_string(),
+        &limit.ipv6_prefix.to_string(),
+        &format!("{:?}", limit.concurrency),
+    ])
+}
+
+/// What a limit counts: slots (`concurrency`, with the capacity and rate the headers speak
+/// of), or tokens of a bucket or a calendar quota; and how long a request may wait for them.
+struct Counted {
+    concurrency: Option<u32>,
+    max_delay: Option<std::time::Duration>,
+    capacity: f64,
+    rate: Rate,
+    calendar: Option<crate::limit::calendar::Calendar>,
+}
+
+fn compile_counted(
+    raw: &raw::RawLimit,
+    key: &str,
+    span: Range<usize>,
+    errors: &mut Errors<'_>,
+) -> Option<Counted> {
+    let concurrency = raw
+        .concurrency
+        .as_ref()
+        .map(|concurrency| compile_concurrency(concurrency, raw, key, errors));
+    let delays = concurrency.is_none() && raw.quota.is_none();
+    let max_delay = compile_delay(raw, key, delays, errors);
+    let (capacity, rate, calendar) = match concurrency {
+        // A slot held is one token of a bucket that refills at once when it is given back:
+        // the headers speak of it as of a bucket of `concurrency` tokens a second.
+        Some(slots) => (
+            f64::from(slots),
+            Rate {
+                tokens: f64::from(slots),
+                period: std::time::Duration::from_secs(1),
+            },
+            None,
+        ),
+        None => compile_amount(raw, key, span, errors)?,
+    };
+    Some(Counted {
+        concurrency,
+        max_delay,
+        capacity,
+        rate,
+        calendar,
     })
+}
+
+/// Where a request's tier comes from, and each tier's numbers: the two go together.
+fn compile_tiering(
+    raw: &mut raw::RawLimit,
+    key: &str,
+    span: Range<usize>,
+    amount: (f64, Rate, bool),
+    jwt_configured: bool,
+    errors: &mut Errors<'_>,
+) -> (
+    Option<crate::config::TierSource>,
+    Vec<(String, crate::config::Tier)>,
+) {
+    let trust_header = raw.trust_header;
+    let tier = raw
+        .tier
+        .take()
+        .map(|tier| compile_tier_source(tier, key, trust_header, jwt_configured, errors));
+    let tiers = raw
+        .tiers
+        .take()
+        .map(|tiers| compile_tiers(tiers, key, amount, errors))
+        .unwrap_or_default();
+    if tier.is_some() == tiers.is_empty() {
+        errors.at(
+            Some(span),
+            format!("{key}.tiers"),
+            "tier (where a request's tier comes from) and [limits.NAME.tiers] (the numbers of each tier) go together",
+        );
+    }
+    (tier.flatten(), tiers)
 }
 
 /// What a limit is keyed by: its sources in order (`global` is none), each one that needs a
@@ -384,6 +433,16 @@ fn fingerprint(parts: &[&str]) -> u64 {
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest.as_bytes()[..8]);
     u64::from_le_bytes(first)
+}
+
+fn check_name(name: &str, key: &str, span: Range<usize>, errors: &mut Errors<'_>) {
+    if !valid_name(name) {
+        errors.at(
+            Some(span),
+            key,
+            format!("invalid limit name {name:?}: use letters, digits, '_', '-' and '.'"),
+        );
+    }
 }
 
 pub(super) fn valid_name(name: &str) -> bool {

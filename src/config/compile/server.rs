@@ -50,23 +50,7 @@ pub(super) fn compile_server(
             key: resolve(base, &tls.key),
         }
     });
-    let max_header_bytes = match raw.max_header_bytes {
-        Some(bytes) if (MIN_HEADER_BYTES..=1 << 20).contains(bytes.get_ref()) => {
-            *bytes.get_ref() as usize
-        }
-        Some(bytes) => {
-            errors.at(
-                Some(bytes.span()),
-                "server.max_header_bytes",
-                format!(
-                    "{} is out of range: expected {MIN_HEADER_BYTES} to 1048576",
-                    bytes.get_ref()
-                ),
-            );
-            16384
-        }
-        None => 16384,
-    };
+    let max_header_bytes = compile_max_header_bytes(raw.max_header_bytes, errors);
     let max_buffered_body = match raw.max_buffered_body {
         Some(size) if size.get_ref().0 == 0 => {
             errors.at(
@@ -101,6 +85,27 @@ pub(super) fn compile_server(
         http1: raw.http1.unwrap_or_default(),
         path_matching: raw.path_matching.unwrap_or_default(),
         underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
+    }
+}
+
+/// `max_header_bytes`: 16384 unless set, within what hyper can read and 1 MiB.
+fn compile_max_header_bytes(raw: Option<Spanned<i64>>, errors: &mut Errors<'_>) -> usize {
+    match raw {
+        Some(bytes) if (MIN_HEADER_BYTES..=1 << 20).contains(bytes.get_ref()) => {
+            *bytes.get_ref() as usize
+        }
+        Some(bytes) => {
+            errors.at(
+                Some(bytes.span()),
+                "server.max_header_bytes",
+                format!(
+                    "{} is out of range: expected {MIN_HEADER_BYTES} to 1048576",
+                    bytes.get_ref()
+                ),
+            );
+            16384
+        }
+        None => 16384,
     }
 }
 

@@ -21,7 +21,7 @@ pub(super) fn compile_store(
         .backend
         .as_ref()
         .map_or(Backend::Memory, |backend| *backend.get_ref());
-    let max_keys = match raw.max_keys {
+    let max_keys = match &raw.max_keys {
         None => DEFAULT_MAX_KEYS as usize,
         Some(keys) if *keys.get_ref() >= 1 => *keys.get_ref() as usize,
         Some(keys) => {
@@ -42,83 +42,89 @@ pub(super) fn compile_store(
             );
         }
     }
-    let hash_key = raw.hash_key.map(Spanned::into_inner).or_else(|| {
+    let hash_key = raw.hash_key.clone().map(Spanned::into_inner).or_else(|| {
         std::env::var("TOLLGATE_HASH_KEY")
             .ok()
             .filter(|key| !key.is_empty())
     });
     let redis = match backend {
         Backend::Memory => None,
-        Backend::Redis => {
-            let span = raw.backend.as_ref().map(Spanned::span);
-            if hash_key.is_none() {
-                errors.at(
-                    span.clone(),
-                    "store.hash_key",
-                    "the redis backend needs a secret shared by every replica to hash keys taken from requests: set hash_key or the TOLLGATE_HASH_KEY environment variable",
-                );
-            }
-            let timeout = duration_or(raw.timeout, Duration::from_millis(50));
-            if timeout.is_zero() {
-                errors.at(span.clone(), "store.timeout", "must be longer than zero");
-            }
-            let lease = duration_or(raw.lease, Duration::from_secs(60));
-            if lease < Duration::from_secs(1) {
-                errors.at(
-                    span.clone(),
-                    "store.lease",
-                    "at least 1s: a request renews its slots every third of it",
-                );
-            }
-            if let Some(prefix) = raw.prefix.as_deref() {
-                if !crate::limit::redis::keys::prefix_keeps_ban_keys_in_slot(prefix) {
-                    errors.at(
-                        span.clone(),
-                        "store.prefix",
-                        format!("{prefix:?}: a '}}' may appear only to close a hash tag such as \"{{tollgate}}:\""),
-                    );
-                }
-            }
-            let connect_timeout = duration_or(raw.connect_timeout, Duration::from_secs(1));
-            if connect_timeout.is_zero() {
-                errors.at(
-                    span.clone(),
-                    "store.connect_timeout",
-                    "must be longer than zero",
-                );
-            }
-            match &raw.url {
-                None => {
-                    errors.at(
-                        span,
-                        "store.url",
-                        "backend = \"redis\" needs url = \"redis://host:6379/0\" (or \"redis+cluster://host:port,host:port\")",
-                    );
-                    None
-                }
-                Some(url) => match redis_nodes(url.get_ref(), raw.cluster.unwrap_or(false)) {
-                    Ok((nodes, cluster)) => Some(RedisSettings {
-                        nodes,
-                        cluster,
-                        timeout,
-                        connect_timeout,
-                        prefix: raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned()),
-                        ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
-                        lease,
-                    }),
-                    Err(error) => {
-                        errors.at(Some(url.span()), "store.url", error.to_string());
-                        None
-                    }
-                },
-            }
-        }
+        Backend::Redis => compile_redis(&raw, hash_key.is_some(), base, errors),
     };
     StoreSettings {
         backend,
         max_keys,
         hash_key,
         redis,
+    }
+}
+
+/// The Redis backend's settings; `None` (and an error) without a usable url.
+fn compile_redis(
+    raw: &raw::RawStore,
+    has_hash_key: bool,
+    base: Option<&Path>,
+    errors: &mut Errors<'_>,
+) -> Option<RedisSettings> {
+    let span = raw.backend.as_ref().map(Spanned::span);
+    if !has_hash_key {
+        errors.at(
+            span.clone(),
+            "store.hash_key",
+            "the redis backend needs a secret shared by every replica to hash keys taken from requests: set hash_key or the TOLLGATE_HASH_KEY environment variable",
+        );
+    }
+    let timeout = duration_or(raw.timeout, Duration::from_millis(50));
+    if timeout.is_zero() {
+        errors.at(span.clone(), "store.timeout", "must be longer than zero");
+    }
+    let lease = duration_or(raw.lease, Duration::from_secs(60));
+    if lease < Duration::from_secs(1) {
+        errors.at(
+            span.clone(),
+            "store.lease",
+            "at least 1s: a request renews its slots every third of it",
+        );
+    }
+    if let Some(prefix) = raw.prefix.as_deref() {
+        if !crate::limit::redis::keys::prefix_keeps_ban_keys_in_slot(prefix) {
+            errors.at(
+                span.clone(),
+                "store.prefix",
+                format!("{prefix:?}: a '}}' may appear only to close a hash tag such as \"{{tollgate}}:\""),
+            );
+        }
+    }
+    let connect_timeout = duration_or(raw.connect_timeout, Duration::from_secs(1));
+    if connect_timeout.is_zero() {
+        errors.at(
+            span.clone(),
+            "store.connect_timeout",
+            "must be longer than zero",
+        );
+    }
+    let Some(url) = &raw.url else {
+        errors.at(
+            span,
+            "store.url",
+            "backend = \"redis\" needs url = \"redis://host:6379/0\" (or \"redis+cluster://host:port,host:port\")",
+        );
+        return None;
+    };
+    match redis_nodes(url.get_ref(), raw.cluster.unwrap_or(false)) {
+        Ok((nodes, cluster)) => Some(RedisSettings {
+            nodes,
+            cluster,
+            timeout,
+            connect_timeout,
+            prefix: raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned()),
+            ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
+            lease,
+        }),
+        Err(error) => {
+            errors.at(Some(url.span()), "store.url", error.to_string());
+            None
+        }
     }
 }
 

@@ -139,82 +139,119 @@ pub(super) fn compile_tiers(
     let mut tiers = Vec::new();
     for (name, tier) in raw.into_inner() {
         let tier_key = format!("{key}.tiers.{name}");
-        let tier = match tier {
-            raw::RawTier::Exempt => Tier::Exempt,
-            raw::RawTier::Numbers {
-                quota: Some(_),
-                capacity: Some(_),
-                ..
-            }
-            | raw::RawTier::Numbers {
-                quota: Some(_),
-                rate: Some(_),
-                ..
-            } => {
-                errors.at(
-                    span.clone(),
-                    tier_key,
-                    "a tier sets capacity and rate, or quota: not both",
-                );
-                continue;
-            }
-            raw::RawTier::Numbers {
-                quota: tier_quota,
-                capacity: None,
-                rate: None,
-            } if quota => {
-                let quota = tier_quota.unwrap_or(capacity);
-                if !(quota.is_finite() && quota > 0.0 && quota <= MAX_EXACT_TOKENS) {
-                    errors.at(
-                        span.clone(),
-                        format!("{tier_key}.quota"),
-                        format!("{quota} is out of range: a quota is more than 0 and at most 2^53"),
-                    );
-                }
-                Tier::Bucket {
-                    capacity: quota,
-                    rate: Rate {
-                        tokens: quota,
-                        period: rate.period,
-                    },
-                }
-            }
-            raw::RawTier::Numbers { .. } if quota => {
-                errors.at(
-                    span.clone(),
-                    tier_key,
-                    "this limit is a calendar quota: its tiers set quota",
-                );
-                continue;
-            }
-            raw::RawTier::Numbers { quota: Some(_), .. } => {
-                errors.at(
-                    span.clone(),
-                    format!("{tier_key}.quota"),
-                    "this limit is a token bucket: its tiers set capacity and rate",
-                );
-                continue;
-            }
-            raw::RawTier::Numbers {
-                capacity: tier_capacity,
-                rate: tier_rate,
-                ..
-            } => {
-                let capacity = tier_capacity.unwrap_or(capacity);
-                let rate = tier_rate.map_or(rate, |rate| rate.0);
-                if !(capacity.is_finite() && capacity > 0.0 && capacity <= MAX_EXACT_TOKENS) {
-                    errors.at(span.clone(), format!("{tier_key}.capacity"), format!("{capacity} is out of range: a capacity is more than 0 and at most 2^53"));
-                } else if capacity / rate.per_second() > MAX_REFILL_SECONDS {
-                    errors.at(
-                        span.clone(),
-                        format!("{tier_key}.rate"),
-                        "an empty bucket would take more than 10 years to fill at this rate",
-                    );
-                }
-                Tier::Bucket { capacity, rate }
-            }
-        };
-        tiers.push((name, tier));
+        let compiled = compile_tier(tier, tier_key, (capacity, rate, quota), &span, errors);
+        tiers.extend(compiled.map(|tier| (name, tier)));
     }
     tiers
+}
+
+/// One tier's numbers; `None` (and an error) for numbers that do not fit the limit's kind.
+fn compile_tier(
+    tier: raw::RawTier,
+    tier_key: String,
+    (capacity, rate, quota): (f64, Rate, bool),
+    span: &Option<Range<usize>>,
+    errors: &mut Errors<'_>,
+) -> Option<Tier> {
+    Some(match tier {
+        raw::RawTier::Exempt => Tier::Exempt,
+        raw::RawTier::Numbers {
+            quota: Some(_),
+            capacity: Some(_),
+            ..
+        }
+        | raw::RawTier::Numbers {
+            quota: Some(_),
+            rate: Some(_),
+            ..
+        } => {
+            errors.at(
+                span.clone(),
+                tier_key,
+                "a tier sets capacity and rate, or quota: not both",
+            );
+            return None;
+        }
+        raw::RawTier::Numbers {
+            quota: tier_quota,
+            capacity: None,
+            rate: None,
+        } if quota => {
+            let quota = tier_quota.unwrap_or(capacity);
+            quota_tier(quota, rate, &tier_key, span, errors)
+        }
+        raw::RawTier::Numbers { .. } if quota => {
+            errors.at(
+                span.clone(),
+                tier_key,
+                "this limit is a calendar quota: its tiers set quota",
+            );
+            return None;
+        }
+        raw::RawTier::Numbers { quota: Some(_), .. } => {
+            errors.at(
+                span.clone(),
+                format!("{tier_key}.quota"),
+                "this limit is a token bucket: its tiers set capacity and rate",
+            );
+            return None;
+        }
+        raw::RawTier::Numbers {
+            capacity: tier_capacity,
+            rate: tier_rate,
+            ..
+        } => {
+            let capacity = tier_capacity.unwrap_or(capacity);
+            let rate = tier_rate.map_or(rate, |rate| rate.0);
+            bucket_tier(capacity, rate, &tier_key, span, errors)
+        }
+    })
+}
+
+/// A calendar quota's tier: `quota` requests (or cost) per period.
+fn quota_tier(
+    quota: f64,
+    rate: Rate,
+    tier_key: &str,
+    span: &Option<Range<usize>>,
+    errors: &mut Errors<'_>,
+) -> Tier {
+    if !(quota.is_finite() && quota > 0.0 && quota <= MAX_EXACT_TOKENS) {
+        errors.at(
+            span.clone(),
+            format!("{tier_key}.quota"),
+            format!("{quota} is out of range: a quota is more than 0 and at most 2^53"),
+        );
+    }
+    Tier::Bucket {
+        capacity: quota,
+        rate: Rate {
+            tokens: quota,
+            period: rate.period,
+        },
+    }
+}
+
+/// A token bucket's tier: its capacity and rate.
+fn bucket_tier(
+    capacity: f64,
+    rate: Rate,
+    tier_key: &str,
+    span: &Option<Range<usize>>,
+    errors: &mut Errors<'_>,
+) -> Tier {
+    if !(capacity.is_finite() && capacity > 0.0 && capacity <= MAX_EXACT_TOKENS) {
+        errors.at(
+            span.clone(),
+            format!("{tier_key}.capacity"),
+            format!("{capacity} is out of range: a capacity is more than 0 and at most 2^53"),
+        );
+    } else if capacity / rate.per_second() > MAX_REFILL_SECONDS {
+        errors.at(
+            span.clone(),
+            format!("{tier_key}.rate"),
+            "an empty bucket would take more than 10 years to fill at this rate",
+        );
+    }
+    Tier::Bucket { capacity, rate }
 }

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::body::Body;
 use crate::config::{Limit, Mode, Tier};
 use crate::key;
-use crate::limit::BucketKey;
+use crate::limit::{BucketKey, Charge};
 use crate::respond;
 use crate::shared::Shared;
 
@@ -64,42 +64,60 @@ pub(super) async fn answer(
         .charge(tier, 1.0, 1.0, || shared.store.calendar_now())
         .or_else(|| limit.charge(None, 1.0, 1.0, || shared.store.calendar_now()))
         .expect("a limit's own numbers always make a charge");
-    let params = limit.adaptive.as_ref().map(|adaptive| &adaptive.params);
     match *method {
-        Method::GET | Method::HEAD => match shared.store.inspect(&bucket, &charge, params).await {
-            Ok(state) => respond::full(
-                StatusCode::OK,
-                "application/json",
-                json!({
-                    "limit": &*limit.name,
-                    "tokens": state.tokens,
-                    "capacity": state.capacity,
-                    "penalty": state.penalty.map(|(factor, until)| json!({
-                        "factor": factor,
-                        "until_unix": until,
-                    })),
-                    "resets_in": charge.period.map(|period| period.ends_in),
-                    "banned_until_unix": state.banned_until,
-                })
-                .to_string(),
-            ),
-            Err(error) => store_failed(&error.to_string()),
-        },
-        Method::DELETE => {
-            let result = shared.store.forget(&bucket).await;
-            // The on_store_failure = "local" buckets of this replica forget it too.
-            shared.local.forget(&bucket);
-            match result {
-                Ok(()) => {
-                    tracing::info!(limit = %limit.name, key = %bucket, who = %peer, "key reset");
-                    let mut response = http::Response::new(Body::empty());
-                    *response.status_mut() = StatusCode::NO_CONTENT;
-                    response
-                }
-                Err(error) => store_failed(&error.to_string()),
-            }
-        }
+        Method::GET | Method::HEAD => key_state(shared, limit, &bucket, &charge).await,
+        Method::DELETE => reset(shared, limit, &bucket, peer).await,
         _ => method_not_allowed(),
+    }
+}
+
+/// One key's state: its tokens, penalty, ban and period.
+async fn key_state(
+    shared: &Shared,
+    limit: &Limit,
+    bucket: &BucketKey<'_>,
+    charge: &Charge,
+) -> http::Response<Body> {
+    let params = limit.adaptive.as_ref().map(|adaptive| &adaptive.params);
+    match shared.store.inspect(bucket, charge, params).await {
+        Ok(state) => respond::full(
+            StatusCode::OK,
+            "application/json",
+            json!({
+                "limit": &*limit.name,
+                "tokens": state.tokens,
+                "capacity": state.capacity,
+                "penalty": state.penalty.map(|(factor, until)| json!({
+                    "factor": factor,
+                    "until_unix": until,
+                })),
+                "resets_in": charge.period.map(|period| period.ends_in),
+                "banned_until_unix": state.banned_until,
+            })
+            .to_string(),
+        ),
+        Err(error) => store_failed(&error.to_string()),
+    }
+}
+
+/// Forgets a key's bucket, penalty and ban (it is full again), and logs who did.
+async fn reset(
+    shared: &Shared,
+    limit: &Limit,
+    bucket: &BucketKey<'_>,
+    peer: IpAddr,
+) -> http::Response<Body> {
+    let result = shared.store.forget(bucket).await;
+    // The on_store_failure = "local" buckets of this replica forget it too.
+    shared.local.forget(bucket);
+    match result {
+        Ok(()) => {
+            tracing::info!(limit = %limit.name, key = %bucket, who = %peer, "key reset");
+            let mut response = http::Response::new(Body::empty());
+            *response.status_mut() = StatusCode::NO_CONTENT;
+            response
+        }
+        Err(error) => store_failed(&error.to_string()),
     }
 }
 

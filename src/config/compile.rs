@@ -6,6 +6,7 @@ mod costs;
 mod decision;
 mod geoip;
 mod limits;
+mod penalties;
 mod routes;
 mod server;
 mod shaping;
@@ -230,7 +231,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
     let store = store::compile_store(raw.store, base, errors);
     let overload = raw
         .overload
-        .and_then(|overload| limits::compile_overload(overload, errors));
+        .and_then(|overload| penalties::compile_overload(overload, errors));
     let upstreams: Vec<Arc<Upstream>> = raw
         .upstreams
         .into_iter()

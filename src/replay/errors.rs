@@ -1,8 +1,6 @@
 //! Why replay refuses a `--format`, a log file or one line of a log. A line's error is counted
 //! and shown with its number, and the run goes on; the others end it.
 
-use super::read::MAX_LINE_BYTES;
-
 /// Why a line of a log is not a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LineError {
@@ -34,8 +32,9 @@ pub enum LineError {
     Timestamp(String),
     #[error("bad time {text:?}: {reason}")]
     Time { text: String, reason: String },
-    #[error("longer than {MAX_LINE_BYTES} bytes: skipped")]
-    TooLong,
+    /// Longer than the longest line read (bytes).
+    #[error("longer than {0} bytes: skipped")]
+    TooLong(usize),
     /// The file broke off while being read.
     #[error("{path}: {reason}")]
     Read { path: String, reason: String },

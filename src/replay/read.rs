@@ -337,7 +337,7 @@ pub fn read_lines(
         let mut line = |line: &[u8]| {
             number += 1;
             if line.len() > MAX_LINE_BYTES {
-                each(number, Err(LineError::TooLong));
+                each(number, Err(LineError::TooLong(MAX_LINE_BYTES)));
                 return;
             }
             let line = line.trim_ascii();

@@ -118,6 +118,30 @@ pub(super) fn peak_usage(peaks: &[f64], marks: &[(&str, f64, &str)]) -> String {
             );
         }
     }
+    capacity_marks(&mut svg, marks, right_end);
+    text(&mut svg, left, HEIGHT - 14.0, "start", "0");
+    text(
+        &mut svg,
+        WIDTH - MARGIN[1],
+        HEIGHT - 14.0,
+        "end",
+        &format!("{right_end} tokens"),
+    );
+    text(
+        &mut svg,
+        left + plot_width / 2.0,
+        HEIGHT - 14.0,
+        "middle",
+        "peak usage (the capacity a key needed never to be refused)",
+    );
+    svg.push_str("</svg>");
+    svg
+}
+
+/// The configured capacity and the suggestions, each a dashed line labelled at the top.
+fn capacity_marks(svg: &mut String, marks: &[(&str, f64, &str)], right_end: f64) {
+    let (left, bottom) = (MARGIN[0], HEIGHT - MARGIN[3]);
+    let plot_width = WIDTH - MARGIN[0] - MARGIN[1];
     let x_of = |tokens: f64| left + tokens / right_end * plot_width;
     for (index, (label, tokens, colour)) in marks.iter().enumerate() {
         let x = x_of(*tokens);
@@ -137,23 +161,6 @@ pub(super) fn peak_usage(peaks: &[f64], marks: &[(&str, f64, &str)]) -> String {
             escape(&label)
         );
     }
-    text(&mut svg, left, HEIGHT - 14.0, "start", "0");
-    text(
-        &mut svg,
-        WIDTH - MARGIN[1],
-        HEIGHT - 14.0,
-        "end",
-        &format!("{right_end} tokens"),
-    );
-    text(
-        &mut svg,
-        left + plot_width / 2.0,
-        HEIGHT - 14.0,
-        "middle",
-        "peak usage (the capacity a key needed never to be refused)",
-    );
-    svg.push_str("</svg>");
-    svg
 }
 
 fn open(label: &str) -> String {

@@ -272,7 +272,7 @@ fn a_line_longer_than_the_bound_is_skipped_and_counted_without_being_held() {
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert_eq!(seen[0], (1, Ok("/api/x".to_owned())));
     assert_eq!(seen[1].0, 2);
-    assert_eq!(seen[1].1, Err(LineError::TooLong));
+    assert_eq!(seen[1].1, Err(LineError::TooLong(read::MAX_LINE_BYTES)));
     assert_eq!(seen[2], (3, Ok("/api/x".to_owned())));
 }
 

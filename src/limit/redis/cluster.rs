@@ -58,6 +58,40 @@ impl RedisStore {
             ));
         }
         // Another slot refused: give back what the admitting slots charged and leased.
+        self.give_back_groups(
+            requests,
+            leasing,
+            keys,
+            &charged_groups,
+            &verdicts,
+            deadline,
+        )
+        .await?;
+        for index in charged_groups.into_iter().flatten() {
+            let (Some(verdict), Some(request)) = (verdicts.get_mut(*index), requests.get(*index))
+            else {
+                continue;
+            };
+            if verdict.sufficient || verdict.booked {
+                let charge = verdict.in_force(&request.charge);
+                let tokens = verdict.tokens + charge.cost;
+                *verdict = Verdict::observed(&charge, tokens, verdict.sufficient);
+            }
+        }
+        Ok((StoreVerdict::new(false, verdicts), leased(false, &slots)))
+    }
+
+    /// Gives back what the slots of `charged_groups` charged and leased for a request another
+    /// slot refused.
+    async fn give_back_groups(
+        &self,
+        requests: &[BucketRequest<'_>],
+        leasing: Option<&Leasing<'_>>,
+        keys: &StoreKeys,
+        charged_groups: &[&Vec<usize>],
+        verdicts: &Verdicts,
+        deadline: Instant,
+    ) -> Result<(), StoreError> {
         let refunds = charged_groups.iter().map(|group| {
             let charged: Vec<(usize, Charge)> = group
                 .iter()
@@ -71,7 +105,7 @@ impl RedisStore {
             let leases: Vec<usize> = group
                 .iter()
                 .copied()
-                .filter(|index| *index >= buckets)
+                .filter(|index| *index >= requests.len())
                 .collect();
             async move {
                 self.call_refund(keys, charged).await?;
@@ -90,18 +124,7 @@ impl RedisStore {
         for result in refunds {
             result?;
         }
-        for index in charged_groups.into_iter().flatten() {
-            let (Some(verdict), Some(request)) = (verdicts.get_mut(*index), requests.get(*index))
-            else {
-                continue;
-            };
-            if verdict.sufficient || verdict.booked {
-                let charge = verdict.in_force(&request.charge);
-                let tokens = verdict.tokens + charge.cost;
-                *verdict = Verdict::observed(&charge, tokens, verdict.sufficient);
-            }
-        }
-        Ok((StoreVerdict::new(false, verdicts), leased(false, &slots)))
+        Ok(())
     }
 
     /// One slot's buckets of one request, decided by a call of their own, which carries

@@ -4,7 +4,7 @@
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::{Method, Request, Uri, Version};
 use smallvec::SmallVec;
@@ -88,9 +88,26 @@ pub(super) fn parse_request(
         ranges.push((range_of(name), range_of(field.value)));
     }
     let head = buffer.split_to(head_length).freeze();
-    let Ok(uri) = Uri::from_maybe_shared(head.slice(target)) else {
+    let Some(request) = request_of(head, method, target, ranges, names) else {
         return Parsed::HandOver;
     };
+    Parsed::Request {
+        request,
+        keep_alive,
+    }
+}
+
+/// The request a head taken out of the buffer holds: its target and fields sliced out of it
+/// (no copy); `None` for a target or a field that is not valid.
+#[inline(always)]
+fn request_of(
+    head: Bytes,
+    method: Method,
+    target: Range<usize>,
+    ranges: SmallVec<[(Range<usize>, Range<usize>); 16]>,
+    names: &mut KnownNames,
+) -> Option<Request<RequestBody>> {
+    let uri = Uri::from_maybe_shared(head.slice(target)).ok()?;
     // The gateway adds nothing to this map on the way upstream (see `upstream::Forwarding`).
     let mut headers = crate::wire::header_maps::take(ranges.len());
     for (name, value) in ranges {
@@ -98,7 +115,7 @@ pub(super) fn parse_request(
             names.name(&head[name]),
             HeaderValue::from_maybe_shared(head.slice(value)),
         ) else {
-            return Parsed::HandOver;
+            return None;
         };
         headers.append(name, value);
     }
@@ -107,10 +124,7 @@ pub(super) fn parse_request(
     *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
-    Parsed::Request {
-        request,
-        keep_alive,
-    }
+    Some(request)
 }
 
 #[cfg(test)]

@@ -69,15 +69,7 @@ pub(super) fn parse_head(
     if length > MAX_RESPONSE_HEAD_BYTES {
         return Err(HeadError::TooLarge);
     }
-    let status = parsed
-        .code
-        .and_then(|code| StatusCode::from_u16(code).ok())
-        .ok_or(HeadError::Status)?;
-    let version = if parsed.version == Some(1) {
-        Version::HTTP_11
-    } else {
-        Version::HTTP_10
-    };
+    let (status, version) = status_line(&parsed)?;
     // The gateway's own fields go beside the map (`respond::SetFields`), not into it.
     let mut headers = crate::wire::header_maps::take(parsed.headers.len());
     // Noted on the way, so that a response without them is not searched for them.
@@ -128,6 +120,21 @@ pub(super) fn parse_head(
         framing,
         keep_alive,
     }))
+}
+
+/// The response's status, and its version (HTTP/1.0 unless it says 1.1).
+#[inline(always)]
+fn status_line(parsed: &httparse::Response<'_, '_>) -> Result<(StatusCode, Version), HeadError> {
+    let status = parsed
+        .code
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or(HeadError::Status)?;
+    let version = if parsed.version == Some(1) {
+        Version::HTTP_11
+    } else {
+        Version::HTTP_10
+    };
+    Ok((status, version))
 }
 
 /// How the response body is delimited (RFC 9112 §6.3), and whether the connection can carry
@@ -204,78 +211,78 @@ mod tests {
         assert_eq!(parsed.framing, Framing::Length(5));
         assert!(parsed.keep_alive);
         assert_eq!(parsed.headers.get_all("x-a").iter().count(), 2);
+    }
 
-        let framing_of = |text: &str, method: &Method| {
-            let (parsed, _) = head(text, method).unwrap().unwrap();
-            (parsed.framing, parsed.keep_alive)
-        };
-        assert_eq!(
-            framing_of(
+    #[test]
+    fn each_framing_rule_says_whether_the_connection_is_reused() {
+        let (get, head_method) = (&Method::GET, &Method::HEAD);
+        let cases = [
+            // Both framings: chunked wins and the connection is not reused.
+            (
                 "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-                &Method::GET
+                get,
+                Framing::Chunked,
+                true,
             ),
-            (Framing::Chunked, true)
-        );
-        assert_eq!(
-            framing_of(
+            (
                 "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-                &Method::GET
+                get,
+                Framing::Chunked,
+                false,
             ),
-            (Framing::Chunked, false),
-            "both framings: chunked wins and the connection is not reused"
-        );
-        assert_eq!(
-            framing_of("HTTP/1.1 200 OK\r\n\r\n", &Method::GET),
-            (Framing::UntilClose, false)
-        );
-        assert_eq!(
-            framing_of(
+            ("HTTP/1.1 200 OK\r\n\r\n", get, Framing::UntilClose, false),
+            // No body, but one announced: the connection ends with it (stray bytes).
+            (
                 "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
-                &Method::HEAD
+                head_method,
+                Framing::Empty,
+                false,
             ),
-            (Framing::Empty, false),
-            "no body, but one announced: the connection ends with it (stray bytes)"
-        );
-        assert_eq!(
-            framing_of("HTTP/1.1 200 OK\r\n\r\n", &Method::HEAD),
-            (Framing::Empty, true)
-        );
-        assert_eq!(
-            framing_of(
+            ("HTTP/1.1 200 OK\r\n\r\n", head_method, Framing::Empty, true),
+            (
                 "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
-                &Method::GET
+                get,
+                Framing::Empty,
+                false,
             ),
-            (Framing::Empty, false)
-        );
-        assert_eq!(
-            framing_of("HTTP/1.1 304 Not Modified\r\n\r\n", &Method::GET),
-            (Framing::Empty, true)
-        );
-        assert_eq!(
-            framing_of(
+            (
+                "HTTP/1.1 304 Not Modified\r\n\r\n",
+                get,
+                Framing::Empty,
+                true,
+            ),
+            (
                 "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n",
-                &Method::GET
+                get,
+                Framing::Length(2),
+                false,
             ),
-            (Framing::Length(2), false)
-        );
-        assert_eq!(
-            framing_of("HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n", &Method::GET),
-            (Framing::Length(2), false)
-        );
-        assert!(
-            head(
-                "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-                &Method::GET
-            )
-            .is_err(),
-            "an HTTP/1.0 response cannot be chunked"
-        );
-        assert_eq!(
-            framing_of(
+            (
+                "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n",
+                get,
+                Framing::Length(2),
+                false,
+            ),
+            (
                 "HTTP/1.1 200 OK\r\nContent-Length: 7, 7\r\n\r\n",
-                &Method::GET
+                get,
+                Framing::Length(7),
+                true,
             ),
-            (Framing::Length(7), true)
+        ];
+        for (text, method, framing, reused) in cases {
+            let (parsed, _) = head(text, method).unwrap().unwrap();
+            assert_eq!(
+                (parsed.framing, parsed.keep_alive),
+                (framing, reused),
+                "{text:?}"
+            );
+        }
+        let chunked_http10 = "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(
+            head(chunked_http10, get).unwrap_err(),
+            HeadError::TransferEncodingInHttp10,
+            "an HTTP/1.0 response cannot be chunked"
         );
     }
 

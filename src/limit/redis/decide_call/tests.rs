@@ -140,15 +140,14 @@ fn keys_and_shapes_are_sent_once_each() {
     assert_eq!(sent, expected.join(" "));
 }
 
-#[test]
-fn replies_are_split_by_request_and_parsed_strictly() {
-    let two_buckets = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
-    let one_bucket = [bucket(5.0, 1.0)];
-    let mut call = DecideCall::for_requests(2);
-    call.push(["a", "b"], &two_buckets, None);
-    call.push(["a"], &one_bucket, None);
-    let double = |value: f64| value.to_le_bytes().to_vec();
-    let reply: Vec<u8> = [
+fn double(value: f64) -> Vec<u8> {
+    value.to_le_bytes().to_vec()
+}
+
+/// The reply to a call of two requests (two buckets, then one): the first admitted, its
+/// second bucket under a penalty of 0.5; the second refused.
+fn reply_to_two_requests() -> Vec<u8> {
+    [
         double(1.7e15),
         vec![0],
         vec![1],
@@ -161,7 +160,17 @@ fn replies_are_split_by_request_and_parsed_strictly() {
         double(3.0),
         vec![0],
     ]
-    .concat();
+    .concat()
+}
+
+#[test]
+fn replies_are_split_by_request() {
+    let two_buckets = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
+    let one_bucket = [bucket(5.0, 1.0)];
+    let mut call = DecideCall::for_requests(2);
+    call.push(["a", "b"], &two_buckets, None);
+    call.push(["a"], &one_bucket, None);
+    let reply = reply_to_two_requests();
     assert_eq!(
         call.parse_reply(&reply).unwrap(),
         CallReply {
@@ -190,6 +199,17 @@ fn replies_are_split_by_request_and_parsed_strictly() {
         },
         "a late call charged nothing and says no more"
     );
+}
+
+#[test]
+fn replies_are_parsed_strictly() {
+    let two_buckets = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
+    let one_bucket = [bucket(5.0, 1.0)];
+    let mut call = DecideCall::for_requests(2);
+    call.push(["a", "b"], &two_buckets, None);
+    call.push(["a"], &one_bucket, None);
+    let reply = reply_to_two_requests();
+    let late = [double(1.7e15), vec![1]].concat();
     assert!(call.parse_reply(&[&late[..], &[0]].concat()).is_err());
     assert!(
         call.parse_reply(&reply[..reply.len() - 1]).is_err(),
@@ -236,7 +256,6 @@ fn a_booked_bucket_is_read_only_for_an_admitted_request() {
     }];
     let mut call = DecideCall::for_requests(1);
     call.push(["a"], &delaying, None);
-    let double = |value: f64| value.to_le_bytes().to_vec();
     let booked = [double(1.7e15), vec![0], vec![1], double(-1.0), vec![4]].concat();
     let requests = call.parse_reply(&booked).unwrap().requests.unwrap();
     assert_eq!(

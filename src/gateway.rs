@@ -2,8 +2,8 @@
 //! rejects it with a [`Reject`]; `respond::rejection` renders every rejection in one place.
 //!
 //! ```text
-//! answer ─ route ─ client_address ─ read_body ─ requested ─ admit (decide, delay) ─ forward ─ after_response ─ finish ─ (settle)
-//!           400/405/431/404    400         413/400     400/401       429/503              502/504                502
+//! answer ─ route ─ client_address ─ read_body ─ requested ─ decide ─ (delay) ─ forward ─ after_response ─ finish ─ (settle)
+//!           400/405/431/404    400         413/400     400/401    429/503            502/504                502
 //! ```
 //!
 //! Every request leaves one access-log line and its counters. The phases from routing to the
@@ -23,7 +23,7 @@ pub(crate) mod applied;
 pub(crate) mod checks;
 pub(crate) mod client_facts;
 pub(crate) mod decide;
-mod delay;
+pub(crate) mod delay;
 mod finish;
 mod forward;
 mod read_body;
@@ -44,7 +44,7 @@ use self::access_log::{Exchange, Listener};
 use self::applied::Applied;
 use self::checks::FieldScan;
 use self::client_facts::{client_facts, ClientFacts};
-use self::decide::{Admission, Decider, NoObserver};
+use self::decide::{Decider, NoObserver};
 use self::read_body::read_body;
 use self::settle::Settlement;
 use self::slots::SlotRequests;
@@ -59,7 +59,7 @@ use crate::metrics::Outcome;
 use crate::reject::{LimitReport, Reject, Reports};
 use crate::request_id::{REQUEST_ID_NAME, X_REQUEST_ID};
 use crate::respond::{self, FieldValue, SetFields};
-use crate::runtime::{Runtime, ServedRoute};
+use crate::runtime::{AppliedLimit, Runtime, ServedRoute};
 use crate::shared::Shared;
 use crate::upstream::OutgoingBody;
 use crate::wire::header_maps;
@@ -90,6 +90,15 @@ pub(crate) type Buckets<'r> = Applied<'r, BucketRequest<'r>>;
 pub(crate) struct Requested<'r> {
     pub(crate) buckets: Buckets<'r>,
     pub(crate) slots: SlotRequests<'r>,
+}
+
+impl Requested<'_> {
+    pub(crate) fn new() -> Self {
+        Requested {
+            buckets: Buckets::new(),
+            slots: SlotRequests::new(),
+        }
+    }
 }
 
 /// An upstream response, and the client's side of an upgrade it may complete with what its
@@ -178,11 +187,12 @@ impl Serving for Proxying {
             OutgoingBody::Buffered(bytes) if routed.route.route.reads_body => Some(bytes.as_ref()),
             _ => None,
         };
-        let requested = gateway.requested(routed, &client, &parts, keyed_body)?;
-        let admission = match gateway
-            .admit(routed, &requested, exchange, reports, NoObserver)
-            .await
-        {
+        // Filled in place: a handful of buckets is a lot of bytes to move.
+        let mut requested = Requested::new();
+        gateway.requested(routed, &client, &parts, keyed_body, &mut requested)?;
+        let route = routed.route;
+        let decided = gateway.decide(&route.route.name, &requested, exchange, reports, NoObserver);
+        let admission = match decided.await {
             Ok(admission) => admission,
             Err(reject) => {
                 // Refusals come in floods: the request's map can hold the next request's head.
@@ -190,18 +200,26 @@ impl Serving for Proxying {
                 return Err(reject);
             }
         };
-        let forwarded = gateway.forward(routed, parts, body, exchange).await?;
+        admission.count_in(route, exchange);
+        if admission.delay > 0.0 {
+            delay::hold(&gateway.shared, &requested.buckets, &admission).await;
+        }
+        let mut forwarded = gateway.forward(routed, parts, body, exchange).await?;
+        // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
+        forwarded.response.body_mut().in_flight().slots = admission.slots.map(Box::new);
+        let status = forwarded.response.status().as_u16();
+        let buckets = &requested.buckets;
         gateway
-            .after_admission(
-                routed,
-                &requested.buckets,
-                admission,
-                forwarded,
-                exchange,
-                fields,
-                reports,
-            )
-            .await
+            .after_response(route, buckets, admission.decider, status)
+            .await;
+        let header_mode = routed.runtime.policy.server.ratelimit_headers;
+        let sent = forwarded.sent;
+        let response = gateway.finish(forwarded, header_mode, reports, fields)?;
+        if !route.settles || status == 101 {
+            return Ok(response);
+        }
+        let charged = (&admission.charged[..], admission.decider);
+        Ok(gateway.settled(routed, buckets, charged, sent, response, exchange))
     }
 
     fn reject(
@@ -322,84 +340,35 @@ impl Gateway {
         })
     }
 
-    /// The admission of a request its route's limits let through: one decision for all of
-    /// its buckets and slots (`decide`), counted as the request's outcome until it is
-    /// answered, then held for tokens it booked (`on_limit = "delay"`).
-    pub(crate) async fn admit<'r, O: decide::Observer<'r>>(
-        &self,
-        routed: &Routed<'r>,
-        requested: &Requested<'r>,
-        exchange: &mut Exchange<'r>,
-        reports: &mut Reports<'r>,
-        observer: O,
-    ) -> Result<Admission<'r>, Reject> {
-        let route = routed.route;
-        if access_log::enabled() {
-            exchange.keys = Some(access_log::keys(requested.buckets.requests()));
-        }
-        let admission = self
-            .decide(&route.route.name, requested, exchange, reports, observer)
-            .await?;
-        exchange.outcome = Some(admission.outcome);
-        exchange.admitted_as = Some(route.metrics.outcome(admission.outcome));
-        if admission.delay > 0.0 {
-            let local = admission.decider == Decider::Local;
-            let buckets = &requested.buckets;
-            delay::hold(
-                &self.shared,
-                local,
-                buckets,
-                &admission.charged,
-                admission.delay,
-            )
-            .await;
-        }
-        Ok(admission)
-    }
-
-    /// The phases after the upstream answered: the response hooks, the response's fields,
-    /// and the settlement of costs the response says.
-    #[allow(clippy::too_many_arguments)]
-    async fn after_admission<'r>(
+    /// A response whose route settles costs, sent through a body that measures it.
+    fn settled<'r>(
         &self,
         routed: &Routed<'r>,
         buckets: &Buckets<'r>,
-        admission: Admission<'r>,
-        mut forwarded: Forwarded,
+        (charged, decider): (&[&'r AppliedLimit], Decider),
+        sent: std::time::Instant,
+        response: Response<Body>,
         exchange: &mut Exchange<'r>,
-        fields: &mut SetFields,
-        reports: &mut Reports<'r>,
-    ) -> Result<Response<Body>, Reject> {
-        // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
-        forwarded.response.body_mut().in_flight().slots = admission.slots.map(Box::new);
-        let status = forwarded.response.status().as_u16();
-        self.after_response(routed.route, buckets, admission.decider, status)
-            .await;
-        let header_mode = routed.runtime.policy.server.ratelimit_headers;
-        let sent = forwarded.sent;
-        let response = self.finish(forwarded, header_mode, reports, fields)?;
-        if !routed.route.settles || status == 101 {
-            return Ok(response);
-        }
+    ) -> Response<Body> {
+        let runtime = routed.runtime;
         let settlement = Settlement::of(
             &self.shared,
-            routed.runtime,
+            runtime,
             routed.route,
             buckets,
-            &admission.charged,
-            admission.decider,
+            charged,
+            decider,
             sent,
         );
-        Ok(match settlement {
+        match settlement {
             Some(mut settlement) => {
                 if access_log::enabled() {
                     exchange.deferred = Some(settlement.defer_line());
                 }
-                let max_body = routed.runtime.policy.server.max_buffered_body;
-                settlement.meter(response, max_body)
+                settlement.meter(response, runtime.policy.server.max_buffered_body)
             }
             None => response,
-        })
+        }
     }
 
     /// The client's address, from the peer and the trusted forwarding hops.
@@ -433,7 +402,8 @@ impl Gateway {
         client: &ClientFacts<'_>,
         parts: &Parts,
         body: Option<&[u8]>,
-    ) -> Result<Requested<'r>, Reject> {
+        requested: &mut Requested<'r>,
+    ) -> Result<(), Reject> {
         let route = routed.route;
         let claims = match &routed.runtime.policy.jwt {
             Some(jwt) if route.route.reads_token => self.verified_claims(jwt, &parts.headers)?,
@@ -442,10 +412,6 @@ impl Gateway {
         let facts = RequestFacts::new(client.address, &parts.headers, parts.uri.query(), body)
             .with_claims(claims.as_deref())
             .with_client(client.origin, client.ja4);
-        let mut requested = Requested {
-            buckets: Buckets::new(),
-            slots: SlotRequests::new(),
-        };
         let load_factor = self.shared.load.factor();
         // Read once, and only for a route with a calendar quota.
         let mut calendar_time = None;
@@ -492,7 +458,7 @@ impl Gateway {
                 .buckets
                 .push(applied, applied.bucket(key_parts, charge));
         }
-        Ok(requested)
+        Ok(())
     }
 
     /// The claims of the request's token, verified; `None` when it carries none. A token that

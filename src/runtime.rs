@@ -83,6 +83,7 @@ pub struct SettledLimit {
 
 impl AppliedLimit {
     /// The request for this limit's bucket of `key`, charged `charge`.
+    #[inline(always)]
     pub fn bucket(&self, key: KeyParts, charge: Charge) -> BucketRequest<'_> {
         let limit = &*self.limit;
         BucketRequest {

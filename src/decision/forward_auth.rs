@@ -16,7 +16,7 @@ use crate::gateway::checks::FieldScan;
 use crate::gateway::client_facts::client_facts;
 use crate::gateway::decide::NoObserver;
 use crate::gateway::slots::SlotRequests;
-use crate::gateway::{Gateway, Routed, Serving};
+use crate::gateway::{delay, Gateway, Requested, Routed, Serving};
 use crate::metrics::{DecisionProtocol, Outcome};
 use crate::reject::{Cause, LimitReport, Reject, Reports};
 use crate::respond::{self, SetFields};
@@ -174,11 +174,16 @@ impl Serving for Asked {
             .filter(|value| !value.is_empty());
         let client = client_facts(routed, client, ja4);
         exchange.note_client(client.origin, client.ja4);
-        let mut requested = gateway.requested(routed, &client, &parts, None)?;
+        let mut requested = Requested::new();
+        gateway.requested(routed, &client, &parts, None, &mut requested)?;
         requested.slots = SlotRequests::new();
-        gateway
-            .admit(routed, &requested, exchange, reports, NoObserver)
-            .await?;
+        let route = routed.route;
+        let decided = gateway.decide(&route.route.name, &requested, exchange, reports, NoObserver);
+        let admission = decided.await?;
+        admission.count_in(route, exchange);
+        if admission.delay > 0.0 {
+            delay::hold(&gateway.shared, &requested.buckets, &admission).await;
+        }
         let mode = routed.runtime.policy.server.ratelimit_headers;
         Ok(respond::forward_auth_admitted(mode, reports, fields))
     }

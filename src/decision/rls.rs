@@ -18,7 +18,7 @@ use super::descriptors::{self, DescriptorError};
 use crate::body::Body;
 use crate::config::{HeaderMode, StoreFailurePolicy};
 use crate::connection::RequestBody;
-use crate::gateway::access_log::{self, Exchange, Listener};
+use crate::gateway::access_log::{Exchange, Listener};
 use crate::gateway::accounting::BucketAccount;
 use crate::gateway::slots::SlotRequests;
 use crate::gateway::{Buckets, Gateway, Requested};
@@ -97,9 +97,6 @@ async fn decide_call(
     exchange: &mut Exchange<'_>,
 ) -> Result<(RateLimitResponse, Outcome), DescriptorError> {
     let (matched, requested) = requested(gateway, decision, call)?;
-    if access_log::enabled() {
-        exchange.keys = Some(access_log::keys(requested.buckets.requests()));
-    }
     let mut reports = Reports::new();
     let mut shares: Vec<Option<Told>> = vec![None; matched.len()];
     let result = if requested.buckets.is_empty() {

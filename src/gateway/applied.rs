@@ -22,6 +22,7 @@ impl<'r, T> Applied<'r, T> {
         }
     }
 
+    #[inline(always)]
     pub(crate) fn push(&mut self, limit: &'r AppliedLimit, request: T) {
         self.requests.push(request);
         self.limits.push(limit);

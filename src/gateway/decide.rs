@@ -17,7 +17,7 @@ use crate::limit::redis::PendingSlotLeases;
 use crate::limit::{clock, BucketRequest, Held, Store, StoreError, StoreVerdict};
 use crate::metrics::{Outcome, SharedIntCounter};
 use crate::reject::{banned, refusing, Reject, Reports};
-use crate::runtime::AppliedLimit;
+use crate::runtime::{AppliedLimit, ServedRoute};
 
 /// A request its limits let through, and on what grounds.
 pub(crate) struct Admission<'r> {
@@ -77,17 +77,11 @@ impl Gateway {
             buckets,
             slots: slot_requests,
         } = requested;
-        let refused = |exchange: &mut Exchange<'_>, reports: &Reports<'r>| {
-            if access_log::enabled() {
-                exchange.limit = Some(refusing(reports));
-            }
-            tracing::debug!(route, limits = %refusing(reports), "refused");
-            if banned(reports) {
-                Reject::Banned
-            } else {
-                Reject::Limited
-            }
-        };
+        if access_log::enabled() {
+            exchange.keys = Some(access_log::keys(buckets.requests()));
+        }
+        let refused =
+            |exchange: &mut Exchange<'_>, reports: &Reports<'r>| refusal(route, exchange, reports);
         // On Redis, slots are leases the decision's call takes; otherwise this process's,
         // taken first (a request refused by one is charged no token, and one refused by a
         // bucket gives its slots back, dropped with `slots`).
@@ -181,7 +175,28 @@ impl Gateway {
     }
 }
 
-impl Admission<'_> {
+/// A refusal by the limits, logged (at debug level: metrics count refusals) and named in the
+/// access log: a ban's, or a bucket's.
+fn refusal(route: &str, exchange: &mut Exchange<'_>, reports: &Reports<'_>) -> Reject {
+    if access_log::enabled() {
+        exchange.limit = Some(refusing(reports));
+    }
+    tracing::debug!(route, limits = %refusing(reports), "refused");
+    if banned(reports) {
+        Reject::Banned
+    } else {
+        Reject::Limited
+    }
+}
+
+impl<'r> Admission<'r> {
+    /// Counts the request as admitted with its outcome until it is answered (a client that
+    /// leaves before then is counted so on drop).
+    pub(crate) fn count_in(&self, route: &'r ServedRoute, exchange: &mut Exchange<'r>) {
+        exchange.outcome = Some(self.outcome);
+        exchange.admitted_as = Some(route.metrics.outcome(self.outcome));
+    }
+
     /// Admitted without a bucket's word: none applied, or the store failed and the limits
     /// allow.
     fn unlimited(outcome: Outcome, slots: Option<Held>) -> Self {

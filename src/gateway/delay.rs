@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::applied;
+use super::decide::{Admission, Decider};
 use super::Buckets;
 use crate::limit::{BucketRequest, MemoryStore, OutcomeRequest, RedisStore, Refund, Store};
-use crate::runtime::AppliedLimit;
 use crate::shared::Shared;
 
 /// Tokens a held request was charged, given back unless it goes on.
@@ -44,16 +44,12 @@ impl Drop for Booked<'_> {
     }
 }
 
-/// Holds the request `delay` seconds, the time its booked tokens take to come. `charged`
-/// names the buckets (by their route limit) that the decision charged, all of which go back
-/// if the request is dropped while held; `local`: the in-process buckets decided it.
-pub(super) async fn hold(
-    shared: &Arc<Shared>,
-    local: bool,
-    buckets: &Buckets<'_>,
-    charged: &[&AppliedLimit],
-    delay: f64,
-) {
+/// Holds the request for its admission's delay, the time its booked tokens take to come.
+/// Every bucket the decision charged gives its tokens back if the request is dropped while
+/// held.
+pub(crate) async fn hold(shared: &Arc<Shared>, buckets: &Buckets<'_>, admission: &Admission<'_>) {
+    let (charged, delay) = (&admission.charged, admission.delay);
+    let local = admission.decider == Decider::Local;
     let charged = buckets
         .iter()
         .filter(|(limit, _)| charged.iter().any(|charged| applied::same(charged, limit)))

@@ -163,89 +163,91 @@ fn reply_to_two_requests() -> Vec<u8> {
     .concat()
 }
 
-#[test]
-fn replies_are_split_by_request() {
+/// Calls `check` with a call of two requests (two buckets, then one) and its reply.
+fn with_two_requests(check: impl FnOnce(&DecideCall<'_>, &[u8])) {
     let two_buckets = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
     let one_bucket = [bucket(5.0, 1.0)];
     let mut call = DecideCall::for_requests(2);
     call.push(["a", "b"], &two_buckets, None);
     call.push(["a"], &one_bucket, None);
-    let reply = reply_to_two_requests();
-    assert_eq!(
-        call.parse_reply(&reply).unwrap(),
-        CallReply {
-            server_time: 1.7e15,
-            requests: Some(vec![
-                RequestReply {
-                    admitted: true,
-                    buckets: smallvec::smallvec![
-                        bucket_reply(4.5, true, false, 1.0),
-                        bucket_reply(0.0, false, false, 0.5)
-                    ],
-                },
-                RequestReply {
-                    admitted: false,
-                    buckets: smallvec::smallvec![bucket_reply(3.0, false, false, 1.0)],
-                },
-            ]),
-        }
-    );
-    let late = [double(1.7e15), vec![1]].concat();
-    assert_eq!(
-        call.parse_reply(&late).unwrap(),
-        CallReply {
-            server_time: 1.7e15,
-            requests: None,
-        },
-        "a late call charged nothing and says no more"
-    );
+    check(&call, &reply_to_two_requests());
+}
+
+#[test]
+fn replies_are_split_by_request() {
+    with_two_requests(|call, reply| {
+        assert_eq!(
+            call.parse_reply(reply).unwrap(),
+            CallReply {
+                server_time: 1.7e15,
+                requests: Some(vec![
+                    RequestReply {
+                        admitted: true,
+                        buckets: smallvec::smallvec![
+                            bucket_reply(4.5, true, false, 1.0),
+                            bucket_reply(0.0, false, false, 0.5)
+                        ],
+                    },
+                    RequestReply {
+                        admitted: false,
+                        buckets: smallvec::smallvec![bucket_reply(3.0, false, false, 1.0)],
+                    },
+                ]),
+            }
+        );
+        let late = [double(1.7e15), vec![1]].concat();
+        assert_eq!(
+            call.parse_reply(&late).unwrap(),
+            CallReply {
+                server_time: 1.7e15,
+                requests: None,
+            },
+            "a late call charged nothing and says no more"
+        );
+    });
 }
 
 #[test]
 fn replies_are_parsed_strictly() {
-    let two_buckets = [bucket(5.0, 1.0), bucket(5.0, 1.0)];
-    let one_bucket = [bucket(5.0, 1.0)];
-    let mut call = DecideCall::for_requests(2);
-    call.push(["a", "b"], &two_buckets, None);
-    call.push(["a"], &one_bucket, None);
-    let reply = reply_to_two_requests();
-    let late = [double(1.7e15), vec![1]].concat();
-    assert!(call.parse_reply(&[&late[..], &[0]].concat()).is_err());
-    assert!(
-        call.parse_reply(&reply[..reply.len() - 1]).is_err(),
-        "too short"
-    );
-    assert!(
-        call.parse_reply(&[&reply[..], &[7]].concat()).is_err(),
-        "leftover bytes"
-    );
-    let mut bad_flag = reply.clone();
-    bad_flag[18] = 8;
-    assert!(
-        call.parse_reply(&bad_flag).is_err(),
-        "an admitted request's bucket is not banned"
-    );
-    bad_flag[18] = 32;
-    assert!(
-        call.parse_reply(&bad_flag).is_err(),
-        "flags are 1, 2, 4, 8, 16"
-    );
-    bad_flag[18] = 5;
-    assert!(
-        call.parse_reply(&bad_flag).is_err(),
-        "a bucket that held its cost booked nothing"
-    );
-    bad_flag[18] = 2;
-    assert!(
-        call.parse_reply(&bad_flag).is_err(),
-        "a flag of 2 takes the next 8 bytes for a multiplier: the rest no longer fits"
-    );
-    let mut bad_admitted = reply.clone();
-    bad_admitted[9] = 2;
-    assert!(
-        call.parse_reply(&bad_admitted).is_err(),
-        "admitted is 0 or 1"
-    );
+    with_two_requests(|call, reply| {
+        let late = [double(1.7e15), vec![1]].concat();
+        assert!(call.parse_reply(&[&late[..], &[0]].concat()).is_err());
+        assert!(
+            call.parse_reply(&reply[..reply.len() - 1]).is_err(),
+            "too short"
+        );
+        assert!(
+            call.parse_reply(&[reply, &[7]].concat()).is_err(),
+            "leftover bytes"
+        );
+        let mut bad_flag = reply.to_vec();
+        bad_flag[18] = 8;
+        assert!(
+            call.parse_reply(&bad_flag).is_err(),
+            "an admitted request's bucket is not banned"
+        );
+        bad_flag[18] = 32;
+        assert!(
+            call.parse_reply(&bad_flag).is_err(),
+            "flags are 1, 2, 4, 8, 16"
+        );
+        bad_flag[18] = 5;
+        assert!(
+            call.parse_reply(&bad_flag).is_err(),
+            "a bucket that held its cost booked nothing"
+        );
+        bad_flag[18] = 2;
+        assert!(
+            call.parse_reply(&bad_flag).is_err(),
+            "a flag of 2 takes the next 8 bytes for a multiplier: the rest no longer fits"
+        );
+        let mut bad_admitted = reply.to_vec();
+        bad_admitted[9] = 2;
+        assert!(
+            call.parse_reply(&bad_admitted).is_err(),
+            "admitted is 0 or 1"
+        );
+    });
 }
 
 #[test]

@@ -22,6 +22,7 @@ use crate::reject::{Cause, LimitReport, Reject, Reports};
 use crate::respond::{self, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
 use crate::upstream::X_FORWARDED_FOR;
+use crate::wire::header_maps;
 
 /// Where forward-auth sub-requests are sent.
 pub(super) const DECIDE_PATH: &str = "/decide";
@@ -179,7 +180,14 @@ impl Serving for Asked {
         requested.slots = SlotRequests::new();
         let route = routed.route;
         let decided = gateway.decide(&route.route.name, &requested, exchange, reports, NoObserver);
-        let admission = decided.await?;
+        let admission = match decided.await {
+            Ok(admission) => admission,
+            Err(reject) => {
+                // Refusals come in floods: the request's map can hold the next request's head.
+                header_maps::give_back(parts.headers);
+                return Err(reject);
+            }
+        };
         admission.count_in(route, exchange);
         if admission.delay > 0.0 {
             delay::hold(&gateway.shared, &requested.buckets, &admission).await;

@@ -5,13 +5,13 @@
 //! goes anywhere near a store, so no email or token is ever stored in clear.
 
 use std::borrow::Cow;
-use std::cell::{OnceCell, RefCell};
+use std::cell::OnceCell;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::HeaderMap;
 use ipnet::IpNet;
 
+mod hasher;
 mod json;
 
 use crate::config::costs::{Field, ReadCost};
@@ -19,112 +19,10 @@ use crate::config::{KeySource, Limit, Missing, Normalize, Tier, TierSource};
 use crate::geoip::{self, Country, Origin};
 use crate::limit::{KeyPart, KeyParts};
 use crate::settle::{self, Reading};
+pub use hasher::KeyHasher;
+#[cfg(test)]
+use hasher::REMEMBERED;
 use json::{JsonBody, UnambiguousJson, AMBIGUOUS_KEY};
-
-/// Hashes request-derived key values with a secret, so stored keys reveal nothing.
-#[derive(Clone)]
-pub struct KeyHasher {
-    key: [u8; 32],
-    /// Tells this hasher's remembered digests from another's (see [`KeyHasher::digest`]).
-    identity: u64,
-}
-
-impl std::fmt::Debug for KeyHasher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KeyHasher(..)")
-    }
-}
-
-impl KeyHasher {
-    /// Derives the hashing key from a secret of any length.
-    pub fn from_secret(secret: &[u8]) -> KeyHasher {
-        static MADE: AtomicU64 = AtomicU64::new(0);
-        KeyHasher {
-            key: blake3::derive_key("tollgate 2026 request key values", secret),
-            identity: MADE.fetch_add(1, Ordering::Relaxed),
-        }
-    }
-
-    /// A key that lives as long as the process (enough for the memory store).
-    pub fn random() -> KeyHasher {
-        let mut secret = [0u8; 32];
-        if getrandom::getrandom(&mut secret).is_err() {
-            // Without an entropy source, fall back to values that still differ per process.
-            let fallback = format!(
-                "{:?}{}",
-                crate::limit::clock::system_time(),
-                std::process::id()
-            );
-            return KeyHasher::from_secret(fallback.as_bytes());
-        }
-        KeyHasher::from_secret(&secret)
-    }
-
-    /// The value's keyed digest. A flood sends one key again and again, and hashing it is the
-    /// largest single cost of refusing it, so each thread keeps its last short value's digest.
-    /// A repeated value is answered sooner; that tells a client only whether its own value was
-    /// the last one hashed on the thread, which a store's lookups (a known key against a new
-    /// one) tell as well.
-    pub fn digest(&self, value: &[u8]) -> [u8; 16] {
-        thread_local! {
-            static LAST: RefCell<Option<LastDigest>> = const { RefCell::new(None) };
-        }
-        if value.len() > REMEMBERED {
-            return self.hash(value);
-        }
-        LAST.with_borrow_mut(|last| match last {
-            Some(last) if last.holds(self.identity, value) => last.digest,
-            _ => {
-                let digest = self.hash(value);
-                *last = Some(LastDigest::new(self.identity, value, digest));
-                digest
-            }
-        })
-    }
-
-    fn hash(&self, value: &[u8]) -> [u8; 16] {
-        let hash = blake3::keyed_hash(&self.key, value);
-        let mut digest = [0u8; 16];
-        digest.copy_from_slice(&hash.as_bytes()[..16]);
-        digest
-    }
-}
-
-/// Values up to this length are remembered with their digest (header values, account ids).
-const REMEMBERED: usize = 64;
-
-/// One value a thread hashed last, and by which hasher.
-struct LastDigest {
-    hasher: u64,
-    length: usize,
-    value: [u8; REMEMBERED],
-    digest: [u8; 16],
-}
-
-impl LastDigest {
-    fn new(hasher: u64, value: &[u8], digest: [u8; 16]) -> LastDigest {
-        let mut kept = [0u8; REMEMBERED];
-        kept[..value.len()].copy_from_slice(value);
-        LastDigest {
-            hasher,
-            length: value.len(),
-            value: kept,
-            digest,
-        }
-    }
-
-    /// Compared whole, not up to the first difference: how long the comparison takes says
-    /// nothing of how much of a value was guessed right.
-    fn holds(&self, hasher: u64, value: &[u8]) -> bool {
-        self.hasher == hasher
-            && self.length == value.len()
-            && self.value[..self.length]
-                .iter()
-                .zip(value)
-                .fold(0, |differing, (a, b)| differing | (a ^ b))
-                == 0
-    }
-}
 
 /// What the key extraction reads from one request. Bodies are parsed at most once.
 pub struct RequestFacts<'a> {

@@ -15,11 +15,13 @@ use crate::upstream::ForwardError;
 
 mod forward_auth_answers;
 mod grpc_answers;
+mod ratelimit_headers;
 
 pub use forward_auth_answers::{
     forward_auth_admitted, forward_auth_rejection, name_route, undescribed,
 };
 pub use grpc_answers::{grpc_error, grpc_message, grpc_rejection};
+pub use ratelimit_headers::add_ratelimit_headers;
 
 /// Header fields the gateway sets on a response, kept beside the response's header map until
 /// the head is written: the server's own HTTP/1.1 path writes them straight into the head (no
@@ -138,18 +140,7 @@ pub(crate) fn refused_wait(reports: &[LimitReport<'_>]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-impl LimitReport<'_> {
-    fn remaining(&self) -> u64 {
-        whole(self.tokens.max(0.0).floor())
-    }
-
-    /// How many more requests of this cost the limit admits now.
-    fn requests_left(&self) -> f64 {
-        (self.tokens / self.cost).floor()
-    }
-}
-
-fn whole(value: f64) -> u64 {
+pub(crate) fn whole(value: f64) -> u64 {
     if value.is_finite() && value > 0.0 {
         value.min(u64::MAX as f64) as u64
     } else {
@@ -360,109 +351,10 @@ fn legacy_refusal_body(retry_after: u64) -> Bytes {
 // As statics, so that `SetFields` can refer to them.
 pub(crate) static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
 pub(crate) static RETRY_AFTER_NAME: HeaderName = RETRY_AFTER;
-static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-
-/// Adds the headers of `mode` describing `reports` (no headers when there is no report).
-pub fn add_ratelimit_headers(
-    headers: &mut SetFields,
-    mode: HeaderMode,
-    reports: &[LimitReport<'_>],
-) {
-    if reports.is_empty() {
-        return;
-    }
-    if matches!(mode, HeaderMode::Legacy | HeaderMode::Both) {
-        add_legacy_headers(headers, reports);
-    }
-    if matches!(mode, HeaderMode::Ietf | HeaderMode::Both) {
-        add_ietf_headers(headers, reports);
-    }
-}
-
 /// A number as a header value in one allocation (`HeaderValue::from` makes two).
 fn number_value(value: u64) -> HeaderValue {
     HeaderValue::from_bytes(itoa::Buffer::new().format(value).as_bytes())
         .unwrap_or_else(|_| HeaderValue::from(value))
-}
-
-/// The most constrained limit: on a refusal the refusing one with the longest wait,
-/// otherwise the one that admits the fewest further requests of this route.
-fn most_constrained<'r, 'a>(reports: &'r [LimitReport<'a>]) -> Option<&'r LimitReport<'a>> {
-    let refused = reports
-        .iter()
-        .filter(|report| report.refused)
-        .max_by(|a, b| a.wait.total_cmp(&b.wait));
-    refused.or_else(|| {
-        reports.iter().min_by(|a, b| {
-            a.requests_left()
-                .total_cmp(&b.requests_left())
-                .then(b.full_in.total_cmp(&a.full_in))
-        })
-    })
-}
-
-fn add_legacy_headers(headers: &mut SetFields, reports: &[LimitReport<'_>]) {
-    let Some(report) = most_constrained(reports) else {
-        return;
-    };
-    let mut reset = whole(report.full_in.ceil());
-    if report.refused {
-        reset = reset.max(retry_after_seconds(report.wait));
-    }
-    headers.set(
-        &RATELIMIT_LIMIT,
-        FieldValue::Number(whole(report.capacity.floor())),
-    );
-    headers.set(&RATELIMIT_REMAINING, FieldValue::Number(report.remaining()));
-    headers.set(&RATELIMIT_RESET, FieldValue::Number(reset));
-}
-
-/// `RateLimit-Policy: "name";q=<capacity>;w=<seconds to refill>` and
-/// `RateLimit: "name";r=<remaining>;t=<seconds>` where `t` is, for a refusing policy, the
-/// wait until the request would pass, otherwise the wait for the next whole token
-/// (0 when full). For a calendar quota (rate 0), `w` and `t` run to its period's end. Names
-/// are limit names, never client keys.
-fn add_ietf_headers(headers: &mut SetFields, reports: &[LimitReport<'_>]) {
-    let mut policy = String::new();
-    let mut state = String::new();
-    for (index, report) in reports.iter().enumerate() {
-        if index > 0 {
-            policy.push_str(", ");
-            state.push_str(", ");
-        }
-        let quota = report.rate <= 0.0;
-        let window = if quota {
-            whole(report.full_in.ceil()).max(1)
-        } else {
-            whole((report.capacity / report.rate).ceil()).max(1)
-        };
-        policy.push_str(&format!(
-            "\"{}\";q={};w={window}",
-            report.name,
-            whole(report.capacity.floor())
-        ));
-        let t = if report.refused {
-            retry_after_seconds(report.wait)
-        } else if report.tokens >= report.capacity {
-            0
-        } else if quota {
-            whole(report.full_in.ceil())
-        } else {
-            let next = report.tokens.max(0.0).floor() + 1.0;
-            whole(((next.min(report.capacity) - report.tokens) / report.rate).ceil())
-        };
-        state.push_str(&format!(
-            "\"{}\";r={};t={t}",
-            report.name,
-            report.remaining()
-        ));
-    }
-    headers.set(&RATELIMIT_POLICY, FieldValue::Text(policy));
-    headers.set(&RATELIMIT, FieldValue::Text(state));
 }
 
 #[cfg(test)]

@@ -45,6 +45,36 @@ fn every_bad_fixture_is_refused_with_its_message() {
     }
 }
 
+/// One mistake is one error: a mistyped key gets a suggestion, and what follows from the
+/// half-read table (its missing capacity, a route naming it) is not reported again; an
+/// unrelated mistake elsewhere still is, and a key far from every valid one keeps the list.
+#[test]
+fn a_typo_is_one_error_with_a_suggestion() {
+    let file =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bad/one_letter_typo.toml");
+    let errors = Policy::load(&file).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert_eq!(errors.0[0].key, "limits.per_account.capacty");
+    assert!(
+        errors.0[0].message.ends_with("did you mean `capacity`?"),
+        "{errors}"
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    let elsewhere = text.replace(
+        "[[routes]]",
+        "[limits.other]\nkey = \"global\"\ncapacity = 5\nrate = \"0/s\"\n\n[[routes]]",
+    );
+    let errors = Policy::parse("typo.toml", &elsewhere).unwrap_err();
+    assert_eq!(errors.0.len(), 2, "{errors}");
+    assert_eq!(errors.0[1].key, "limits.other.rate", "{errors}");
+    let far = text.replace("capacty = 5", "capacity = 5\nburstiness = 5");
+    let errors = Policy::parse("typo.toml", &far).unwrap_err();
+    assert!(
+        errors.0[0].message.contains("expected one of `key`"),
+        "{errors}"
+    );
+}
+
 #[test]
 fn errors_carry_line_and_column() {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bad/unknown_limit.toml");

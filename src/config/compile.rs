@@ -79,7 +79,9 @@ pub(super) fn compile(file: &str, text: &str, base: Option<&Path>) -> Result<Pol
     let Some(raw) = parse(text, &mut errors) else {
         return Err(ConfigErrors(errors.found));
     };
+    let mistyped = errors.found.len();
     let policy = compile_raw(raw, base, &mut errors);
+    drop_consequences(&mut errors.found, mistyped);
     if errors.found.is_empty() {
         Ok(policy)
     } else {
@@ -113,9 +115,13 @@ fn parse(text: &str, errors: &mut Errors<'_>) -> Option<RawConfig> {
             .span()
             .map(|span| key_path_at(text, span.start))
             .unwrap_or_default();
-        errors.at(error.span(), key, error.message().trim_end());
-        reported += 1;
         let unknown_key = error.message().starts_with("unknown field");
+        let message = match unknown_key {
+            true => suggested(error.message().trim_end()),
+            false => error.message().trim_end().to_owned(),
+        };
+        errors.at(error.span(), key, message);
+        reported += 1;
         match error.span() {
             Some(span) if (syntax || unknown_key) && reported < MAX_PARSE_ERRORS => {
                 if !blank_out(&mut masked, span.start) {
@@ -125,6 +131,74 @@ fn parse(text: &str, errors: &mut Errors<'_>) -> Option<RawConfig> {
             _ => return None,
         }
     }
+}
+
+/// serde's `unknown field `capacty`, expected one of `key`, …, `capacity`, …` with the one
+/// field the typo is nearest to, as cargo and clap suggest one (`did you mean `capacity`?`);
+/// the whole list where none is near.
+fn suggested(message: &str) -> String {
+    let quoted = |text: &str| -> Vec<String> {
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    let Some((unknown, expected)) = message.split_once(", expected one of ") else {
+        return message.to_owned();
+    };
+    let Some(field) = quoted(unknown).into_iter().next() else {
+        return message.to_owned();
+    };
+    let nearest = quoted(expected)
+        .into_iter()
+        .map(|candidate| (strsim::damerau_levenshtein(&field, &candidate), candidate))
+        .min();
+    match nearest {
+        Some((distance, candidate)) if distance <= (field.chars().count() / 3).max(1) => {
+            format!("{unknown}: did you mean `{candidate}`?")
+        }
+        _ => message.to_owned(),
+    }
+}
+
+/// Drops the errors that follow from an unknown key reported earlier (`mistyped` is how many
+/// the reading reported): one mistake is one error. A key unknown in a table (`capacty` in
+/// `[limits.per_account]`) leaves that table half read, so what is said of the table, or of
+/// its name elsewhere (a route naming `per_account`), is the same mistake again.
+fn drop_consequences(found: &mut Vec<ConfigError>, mistyped: usize) {
+    let tables: Vec<(String, String)> = found[..mistyped]
+        .iter()
+        .filter(|error| error.message.starts_with("unknown field"))
+        .filter_map(|error| {
+            // On a table's header the whole table is unknown; on a `key = value` line, the
+            // table the line is in is half read.
+            let header = error
+                .excerpt
+                .as_deref()
+                .is_some_and(|line| line.trim_start().starts_with('['));
+            let table = match error.key.rsplit_once('.') {
+                _ if header => error.key.as_str(),
+                Some((table, _)) => table,
+                None => "",
+            };
+            let name = table.rsplit('.').next().filter(|name| !name.is_empty())?;
+            Some((table.to_owned(), format!("{name:?}")))
+        })
+        .collect();
+    if tables.is_empty() {
+        return;
+    }
+    let mut index = 0;
+    found.retain(|error| {
+        index += 1;
+        index <= mistyped
+            || !tables.iter().any(|(table, name)| {
+                error.key == *table
+                    || error.key.starts_with(&format!("{table}."))
+                    || error.message.contains(name.as_str())
+            })
+    });
 }
 
 /// Blanks out the line at `offset` (a table header: the table, up to the next header) with

@@ -98,7 +98,7 @@ async fn decide_call(
 ) -> Result<(RateLimitResponse, Outcome), DescriptorError> {
     let (matched, requested) = requested(gateway, decision, call)?;
     let mut reports = Reports::new();
-    let mut shares: Vec<Option<Told>> = vec![None; matched.len()];
+    let mut shares: Vec<Option<Told>> = vec![None; requested.buckets.requests().len()];
     let result = if requested.buckets.is_empty() {
         Err(Reject::NoRoute)
     } else {

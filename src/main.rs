@@ -40,8 +40,8 @@ struct KeyArguments {
     /// For a limit with tiers: the tier whose numbers to read the key with.
     #[arg(long)]
     tier: Option<String>,
-    /// The admin listener (default: the policy's [admin] listen).
-    #[arg(long, value_name = "URL")]
+    /// The admin listener (default: $TOLLGATE_ADMIN, then the policy's [admin] listen).
+    #[arg(long, value_name = "URL", env = "TOLLGATE_ADMIN")]
     admin: Option<String>,
     /// The policy (default: $TOLLGATE_CONFIG, then config/tollgate.toml), for the admin
     /// address and the token's environment variable.
@@ -389,7 +389,9 @@ async fn key_command(reset: bool, arguments: KeyArguments) -> ExitCode {
         (None, Err(errors)) => {
             eprintln!("{errors}");
             eprintln!(
-                "tollgate: cannot read the admin address from {}: pass --admin http://host:port",
+                "tollgate: cannot read the admin address from {}: pass --admin http://host:port \
+                 (or set TOLLGATE_ADMIN), or the gateway's policy with --config FILE (or \
+                 TOLLGATE_CONFIG)",
                 path.display()
             );
             return ExitCode::FAILURE;

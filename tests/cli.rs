@@ -481,6 +481,35 @@ async fn inspect_and_reset_unlock_a_key_and_the_reset_is_logged_without_its_valu
     ]);
     assert_eq!(code, Some(1));
     assert!(stderr.contains("no limit named \"nope\""), "{stderr}");
+    // Outside the repository, the admin address and the policy come from the environment;
+    // with neither, the error says what to pass.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let inspect = |environment: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        command
+            .args(["inspect", "--limit", "per_network", "--key", "dora-4242"])
+            .current_dir(elsewhere.path())
+            .env_remove("TOLLGATE_ADMIN")
+            .env_remove("TOLLGATE_CONFIG");
+        for (name, value) in environment {
+            command.env(name, value);
+        }
+        command.output().expect("run tollgate")
+    };
+    let output = inspect(&[("TOLLGATE_ADMIN", &admin_url), ("TOLLGATE_CONFIG", config)]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.starts_with("per_network [dora-4242]: 1 of 2 tokens left"),
+        "{stdout}"
+    );
+    let output = inspect(&[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr.contains("TOLLGATE_ADMIN") && stderr.contains("TOLLGATE_CONFIG"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

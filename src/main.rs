@@ -105,7 +105,8 @@ enum Command {
         /// the keys one refuses and the other admits.
         #[arg(long, value_name = "OTHER.toml")]
         compare: Option<PathBuf>,
-        /// Log files, in time order (`-`: standard input; gzip-compressed files too).
+        /// Log files, read as one log in any order of time (`-`: standard input;
+        /// gzip-compressed files too).
         #[arg(required = true, value_name = "LOG")]
         logs: Vec<String>,
     },

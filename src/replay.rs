@@ -41,7 +41,7 @@ pub use timeline::Timeline;
 type Hasher = foldhash::fast::FixedState;
 
 /// Replays lines against `policy`, in whatever order their times come (a bucket's moment only
-/// moves forward, as in the gateway).
+/// moves forward, as in the gateway); the report says how far they went back.
 pub struct Replay<'p> {
     policy: &'p Policy,
     /// The policy's routes, in match order, each with its limits' keys and tallies.
@@ -51,6 +51,8 @@ pub struct Replay<'p> {
     pub(crate) bad_line_count: u64,
     pub(crate) unrouted: u64,
     pub(crate) undecided: u64,
+    /// How the log's lines went back in time (no real log is in order, to the second).
+    pub(crate) order: report::TimeOrder,
     /// Reused from line to line: one line's charges, buckets and verdicts.
     scratch: Scratch,
     /// Hashes values a log recorded (a header, cookie or query parameter) into keys, as the
@@ -140,6 +142,7 @@ impl<'p> Replay<'p> {
             bad_line_count: 0,
             unrouted: 0,
             undecided: 0,
+            order: report::TimeOrder::default(),
             scratch: Scratch::default(),
             hasher: match &policy.store.hash_key {
                 Some(secret) => KeyHasher::from_secret(secret.as_bytes()),
@@ -159,6 +162,7 @@ impl<'p> Replay<'p> {
     /// Decides one logged request, as the gateway would have with this policy.
     pub fn decide(&mut self, line: &LogLine<'_>) {
         self.lines += 1;
+        self.order.record(line.time);
         if !line.decided {
             // The gateway answered it before any limit (a bad request, no route).
             self.undecided += 1;

@@ -33,6 +33,9 @@ impl Report {
         for (line, why) in &self.first_bad_lines {
             let _ = write!(page, "<p class=\"note\">line {line}: {}</p>", escape(why));
         }
+        if let Some(order) = self.time_order() {
+            let _ = write!(page, "<p class=\"note\">{}</p>", escape(&order));
+        }
         page.push_str("<table><tr><th>route</th><th>limit</th><th>requests</th><th>refused</th><th>share</th><th>keys refused</th><th>capacity for 99% of keys</th><th>for every key</th><th>not replayable</th></tr>");
         for limit in &self.limits {
             let capacity =

@@ -29,6 +29,27 @@ impl KeyUsage {
     }
 }
 
+/// How a log's lines went back in time: how many came after a later one, and by how much
+/// at most.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub(crate) struct TimeOrder {
+    latest: Option<f64>,
+    behind: u64,
+    most_behind: f64,
+}
+
+impl TimeOrder {
+    pub(crate) fn record(&mut self, time: f64) {
+        match self.latest {
+            Some(latest) if time < latest => {
+                self.behind += 1;
+                self.most_behind = self.most_behind.max(latest - time);
+            }
+            _ => self.latest = Some(time),
+        }
+    }
+}
+
 /// One limit of one route.
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
@@ -100,6 +121,9 @@ pub struct Report {
     pub first_bad_lines: Vec<(u64, String)>,
     pub unrouted: u64,
     pub undecided: u64,
+    /// Lines whose time is before an earlier line's, and the most seconds one was behind.
+    pub lines_behind: u64,
+    pub most_seconds_behind: f64,
     pub limits: Vec<LimitReport>,
 }
 
@@ -170,6 +194,8 @@ pub(super) fn report(replay: &Replay<'_>) -> Report {
         first_bad_lines: replay.bad_lines.clone(),
         unrouted: replay.unrouted,
         undecided: replay.undecided,
+        lines_behind: replay.order.behind,
+        most_seconds_behind: replay.order.most_behind,
         limits,
     }
 }
@@ -182,6 +208,8 @@ impl Report {
             "first_bad_lines": self.first_bad_lines.iter().map(|(line, why)| json!({"line": line, "why": why})).collect::<Vec<_>>(),
             "unrouted": self.unrouted,
             "undecided": self.undecided,
+            "lines_behind": self.lines_behind,
+            "most_seconds_behind": self.most_seconds_behind,
             "limits": self.limits.iter().map(|limit| json!({
                 "route": limit.route,
                 "limit": limit.limit,
@@ -197,6 +225,16 @@ impl Report {
         })
     }
 
+    /// How far the log's lines went back in time, for a person; `None` for a log in order.
+    pub fn time_order(&self) -> Option<String> {
+        (self.lines_behind > 0).then(|| {
+            format!(
+                "{} lines came after a later one (at most {:.3} s behind): each bucket counted them at its latest moment, as the gateway does",
+                self.lines_behind, self.most_seconds_behind
+            )
+        })
+    }
+
     /// The report as a table for a person.
     pub fn to_text(&self) -> String {
         use std::fmt::Write as _;
@@ -208,6 +246,9 @@ impl Report {
         );
         for (line, why) in &self.first_bad_lines {
             let _ = writeln!(out, "  line {line}: {}", printable(why));
+        }
+        if let Some(order) = self.time_order() {
+            let _ = writeln!(out, "{order}");
         }
         let _ = writeln!(
             out,

@@ -481,6 +481,18 @@ fn the_suggestion_holds_for_a_log_whose_lines_go_back_in_time() {
     );
     assert_eq!(refusals_at(suggested, std::slice::from_ref(&times)).0, 0);
     assert!(refusals_at(suggested - 1.0, std::slice::from_ref(&times)).0 >= 1);
+    // The report says how far the log went back: 96 s and 97 s came after 100 s.
+    let policy = policy_of_capacity(5.0);
+    let mut replay = Replay::new(&policy);
+    for time in &times {
+        replay.decide(&line(*time, Some("u0"), "192.0.2.1"));
+    }
+    let report = replay.report();
+    assert_eq!((report.lines_behind, report.most_seconds_behind), (2, 4.0));
+    assert!(report
+        .to_text()
+        .contains("2 lines came after a later one (at most 4.000 s behind)"));
+    assert_eq!(report.to_json()["lines_behind"], 2);
 }
 
 proptest::proptest! {

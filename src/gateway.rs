@@ -44,7 +44,7 @@ use self::access_log::{Exchange, Listener};
 use self::applied::Applied;
 use self::checks::FieldScan;
 use self::client_facts::{client_facts, ClientFacts};
-use self::decide::{Decider, NoObserver};
+use self::decide::{Admission, Decider, NoObserver};
 use self::read_body::read_body;
 use self::settle::Settlement;
 use self::slots::SlotRequests;
@@ -178,7 +178,7 @@ impl Serving for Proxying {
     ) -> Result<Response<Body>, Reject> {
         let client = gateway.client_address(routed, request.headers())?;
         exchange.client = Some(client);
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let client = client_facts(routed, client, routed.connection.ja4.as_deref());
         exchange.note_client(client.origin, client.ja4);
         let max_body = routed.runtime.policy.server.max_buffered_body;
@@ -191,19 +191,8 @@ impl Serving for Proxying {
         let mut requested = Requested::new();
         gateway.requested(routed, &client, &parts, keyed_body, &mut requested)?;
         let route = routed.route;
-        let decided = gateway.decide(&route.route.name, &requested, exchange, reports, NoObserver);
-        let admission = match decided.await {
-            Ok(admission) => admission,
-            Err(reject) => {
-                // Refusals come in floods: the request's map can hold the next request's head.
-                header_maps::give_back(parts.headers);
-                return Err(reject);
-            }
-        };
-        admission.count_in(route, exchange);
-        if admission.delay > 0.0 {
-            delay::hold(&gateway.shared, &requested.buckets, &admission).await;
-        }
+        let admitted = gateway.admit(routed, &requested, &mut parts.headers, exchange, reports);
+        let admission = admitted.await?;
         let mut forwarded = gateway.forward(routed, parts, body, exchange).await?;
         // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
         forwarded.response.body_mut().in_flight().slots = admission.slots.map(Box::new);
@@ -338,6 +327,35 @@ impl Gateway {
             scan,
             connection,
         })
+    }
+
+    /// The step after the request's buckets, on every listener that decides requests: one
+    /// decision for them all (`decide`), counted as the request's outcome until it is
+    /// answered, then held for tokens it booked (`on_limit = "delay"`). A refused request's
+    /// header map goes back to the thread's pool: refusals come in floods, and the map can
+    /// hold the next request's head.
+    pub(crate) async fn admit<'r>(
+        &self,
+        routed: &Routed<'r>,
+        requested: &Requested<'r>,
+        headers: &mut HeaderMap,
+        exchange: &mut Exchange<'r>,
+        reports: &mut Reports<'r>,
+    ) -> Result<Admission<'r>, Reject> {
+        let route = routed.route;
+        let decided = self.decide(&route.route.name, requested, exchange, reports, NoObserver);
+        let admission = match decided.await {
+            Ok(admission) => admission,
+            Err(reject) => {
+                header_maps::give_back(std::mem::take(headers));
+                return Err(reject);
+            }
+        };
+        admission.count_in(route, exchange);
+        if admission.delay > 0.0 {
+            delay::hold(&self.shared, &requested.buckets, &admission).await;
+        }
+        Ok(admission)
     }
 
     /// A response whose route settles costs, sent through a body that measures it.

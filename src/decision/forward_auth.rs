@@ -14,15 +14,13 @@ use crate::connection::{Connection, RequestBody};
 use crate::gateway::access_log::{Exchange, Listener};
 use crate::gateway::checks::FieldScan;
 use crate::gateway::client_facts::client_facts;
-use crate::gateway::decide::NoObserver;
 use crate::gateway::slots::SlotRequests;
-use crate::gateway::{delay, Gateway, Requested, Routed, Serving};
+use crate::gateway::{Gateway, Requested, Routed, Serving};
 use crate::metrics::{DecisionProtocol, Outcome};
 use crate::reject::{Cause, LimitReport, Reject, Reports};
 use crate::respond::{self, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
 use crate::upstream::X_FORWARDED_FOR;
-use crate::wire::header_maps;
 
 /// Where forward-auth sub-requests are sent.
 pub(super) const DECIDE_PATH: &str = "/decide";
@@ -178,20 +176,10 @@ impl Serving for Asked {
         let mut requested = Requested::new();
         gateway.requested(routed, &client, &parts, None, &mut requested)?;
         requested.slots = SlotRequests::new();
-        let route = routed.route;
-        let decided = gateway.decide(&route.route.name, &requested, exchange, reports, NoObserver);
-        let admission = match decided.await {
-            Ok(admission) => admission,
-            Err(reject) => {
-                // Refusals come in floods: the request's map can hold the next request's head.
-                header_maps::give_back(parts.headers);
-                return Err(reject);
-            }
-        };
-        admission.count_in(route, exchange);
-        if admission.delay > 0.0 {
-            delay::hold(&gateway.shared, &requested.buckets, &admission).await;
-        }
+        let mut headers = parts.headers;
+        gateway
+            .admit(routed, &requested, &mut headers, exchange, reports)
+            .await?;
         let mode = routed.runtime.policy.server.ratelimit_headers;
         Ok(respond::forward_auth_admitted(mode, reports, fields))
     }

@@ -2,8 +2,8 @@
 //! rejects it with a [`Reject`]; `respond::rejection` renders every rejection in one place.
 //!
 //! ```text
-//! answer ─ route ─ client_address ─ read_body ─ requested ─ decide ─ (delay) ─ forward ─ after_response ─ finish ─ (settle)
-//!           400/405/431/404    400         413/400     400/401    429/503            502/504                502
+//! answer ─ route ─ client_address ─ read_body ─ requested ─ admit (decide, delay) ─ forward ─ after_response ─ finish ─ (settle)
+//!           400/405/431/404    400         413/400     400/401       429/503              502/504                502
 //! ```
 //!
 //! Every request leaves one access-log line and its counters. The phases from routing to the

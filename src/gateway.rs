@@ -44,7 +44,7 @@ use self::access_log::{Exchange, Listener};
 use self::applied::Applied;
 use self::checks::FieldScan;
 use self::client_facts::{client_facts, ClientFacts};
-use self::decide::{Admission, Decider, NoObserver};
+use self::decide::{Admission, NoObserver};
 use self::read_body::read_body;
 use self::settle::Settlement;
 use self::slots::SlotRequests;
@@ -59,7 +59,7 @@ use crate::metrics::Outcome;
 use crate::reject::{LimitReport, Reject, Reports};
 use crate::request_id::{REQUEST_ID_NAME, X_REQUEST_ID};
 use crate::respond::{self, FieldValue, SetFields};
-use crate::runtime::{AppliedLimit, Runtime, ServedRoute};
+use crate::runtime::{Runtime, ServedRoute};
 use crate::shared::Shared;
 use crate::upstream::OutgoingBody;
 use crate::wire::header_maps;
@@ -192,10 +192,10 @@ impl Serving for Proxying {
         gateway.requested(routed, &client, &parts, keyed_body, &mut requested)?;
         let route = routed.route;
         let admitted = gateway.admit(routed, &requested, &mut parts.headers, exchange, reports);
-        let admission = admitted.await?;
+        let mut admission = admitted.await?;
         let mut forwarded = gateway.forward(routed, parts, body, exchange).await?;
         // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
-        forwarded.response.body_mut().in_flight().slots = admission.slots.map(Box::new);
+        forwarded.response.body_mut().in_flight().slots = admission.slots.take().map(Box::new);
         let status = forwarded.response.status().as_u16();
         let buckets = &requested.buckets;
         gateway
@@ -207,8 +207,7 @@ impl Serving for Proxying {
         if !route.settles || status == 101 {
             return Ok(response);
         }
-        let charged = (&admission.charged[..], admission.decider);
-        Ok(gateway.settled(routed, buckets, charged, sent, response, exchange))
+        Ok(gateway.settled(routed, buckets, &admission, sent, response, exchange))
     }
 
     fn reject(
@@ -363,7 +362,7 @@ impl Gateway {
         &self,
         routed: &Routed<'r>,
         buckets: &Buckets<'r>,
-        (charged, decider): (&[&'r AppliedLimit], Decider),
+        admission: &Admission<'r>,
         sent: std::time::Instant,
         response: Response<Body>,
         exchange: &mut Exchange<'r>,
@@ -374,8 +373,8 @@ impl Gateway {
             runtime,
             routed.route,
             buckets,
-            charged,
-            decider,
+            &admission.charged,
+            admission.decider,
             sent,
         );
         match settlement {

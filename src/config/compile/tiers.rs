@@ -46,7 +46,7 @@ pub(super) fn compile_amount(
         }
         (None, None, Some(quota), Some(period)) => {
             let value = *quota.get_ref();
-            if !(value.is_finite() && value > 0.0 && value <= MAX_EXACT_TOKENS) {
+            if !is_token_count(value) {
                 errors.at(Some(quota.span()), format!("{key}.quota"), format!("{value} is out of range: a quota is more than 0 and at most 2^53 requests (or cost) per period"));
             }
             let zone = raw.timezone.as_ref().map(|zone| zone.get_ref().as_str());
@@ -208,6 +208,11 @@ fn compile_tier(
     })
 }
 
+/// More than zero and no more than the bucket math holds exactly (2^53).
+fn is_token_count(value: f64) -> bool {
+    value.is_finite() && value > 0.0 && value <= MAX_EXACT_TOKENS
+}
+
 /// A calendar quota's tier: `quota` requests (or cost) per period.
 fn quota_tier(
     quota: f64,
@@ -216,7 +221,7 @@ fn quota_tier(
     span: &Option<Range<usize>>,
     errors: &mut Errors<'_>,
 ) -> Tier {
-    if !(quota.is_finite() && quota > 0.0 && quota <= MAX_EXACT_TOKENS) {
+    if !is_token_count(quota) {
         errors.at(
             span.clone(),
             format!("{tier_key}.quota"),
@@ -240,7 +245,7 @@ fn bucket_tier(
     span: &Option<Range<usize>>,
     errors: &mut Errors<'_>,
 ) -> Tier {
-    if !(capacity.is_finite() && capacity > 0.0 && capacity <= MAX_EXACT_TOKENS) {
+    if !is_token_count(capacity) {
         errors.at(
             span.clone(),
             format!("{tier_key}.capacity"),

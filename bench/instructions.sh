@@ -15,6 +15,8 @@
 #                                        # JWT=header: the same token, the limit keyed by header
 #   DECISION=1 bench/instructions.sh     # the same limits asked about by forward-auth sub-requests
 #                                        # to the decision listener (REFUSING=1: refused ones)
+#   OVERRIDE=1 bench/instructions.sh     # the per-user limit's key under an operator's override
+#                                        # (the limit's own numbers, set through /overrides)
 #   PROXY=nginx bench/instructions.sh    # nginx with limit_req (row 3) under the same load, for a
 #                                        # ratio that does not swing; with REFUSING=1: row 6a
 #   DUMP=/tmp/x.callgrind bench/instructions.sh   # and keep callgrind's profile there, for
@@ -30,6 +32,7 @@ fi
 optional=()
 [[ -n "${STORE:-}" ]] && optional+=(redis-server redis-cli)
 [[ "$proxy" == nginx ]] && optional+=(nginx)
+[[ -n "${OVERRIDE:-}" ]] && optional+=(curl)
 for tool in wrk valgrind callgrind_control python3 taskset "${optional[@]}"; do
   if ! command -v "$tool" >/dev/null; then
     echo "bench: missing $tool. On Debian: apt-get install wrk valgrind python3 redis-server nginx-light" >&2
@@ -104,6 +107,11 @@ fi
 gateway=$!
 pids+=("$gateway")
 wait_for_port "$port"
+if [[ -n "${OVERRIDE:-}" ]]; then
+  wait_for_port "$admin"
+  curl -fsS -X PUT --data "{\"capacity\": ${limits[0]}, \"rate\": \"${limits[1]}\"}" \
+    "http://127.0.0.1:$admin/overrides/per_user?key=bench-user" >/dev/null
+fi
 
 fields=(-H 'x-user-id: bench-user')
 if [[ -n "${MORE_FIELDS:-}" ]]; then

@@ -1,7 +1,9 @@
 //! The admin listener: `/metrics`, `/healthz`, `/readyz`, and `/limits` (look up and reset a
 //! key, behind `[admin] token_env`). Never served on the public listener.
 
+pub mod commands;
 mod limits;
+mod overrides;
 
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
@@ -110,18 +112,16 @@ async fn answer_overflow(stream: TcpStream) {
 
 async fn answer(shared: &Shared, request: Request<Incoming>, peer: IpAddr) -> Response<Body> {
     let path = request.uri().path();
-    if path == "/limits" || path.starts_with("/limits/") {
-        let runtime = shared.runtime.load_full();
-        if let Some(token) = &runtime.policy.admin.token {
-            let presented = request
-                .headers()
-                .get(http::header::AUTHORIZATION)
-                .and_then(|value| value.to_str().ok())
-                .and_then(|value| value.strip_prefix("Bearer "))
-                .unwrap_or_default();
-            if !token.accepts(presented.trim().as_bytes()) {
-                return respond::unauthorized("Bearer", "unauthorized", None);
-            }
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    if under("/limits") || under("/overrides") {
+        if !authorized(shared, request.headers()) {
+            return respond::unauthorized("Bearer", "unauthorized", None);
+        }
+        if under("/overrides") {
+            return overrides::answer(shared, request, peer).await;
         }
         return limits::answer(shared, request.method(), path, request.uri().query(), peer).await;
     }
@@ -156,6 +156,20 @@ async fn answer(shared: &Shared, request: Request<Incoming>, peer: IpAddr) -> Re
     }
 }
 
+/// Whether the request carries the admin token, when `[admin] token_env` sets one.
+fn authorized(shared: &Shared, headers: &http::HeaderMap) -> bool {
+    let runtime = shared.runtime.load();
+    let Some(token) = &runtime.policy.admin.token else {
+        return true;
+    };
+    let presented = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    token.accepts(presented.trim().as_bytes())
+}
+
 /// Where a command on this host reaches an admin listener bound to `listen`: an unspecified
 /// address (`0.0.0.0`, `[::]`) as the loopback address of its family.
 pub fn local_url(mut listen: std::net::SocketAddr) -> String {
@@ -188,12 +202,13 @@ pub enum CallError {
     Timeout { url: String, seconds: u64 },
 }
 
-/// Sends `method` to `url` with an optional bearer token: what `tollgate health`, `inspect`
-/// and `reset` ask. Returns the status and the body.
+/// Sends `method` to `url` with an optional bearer token and JSON body: what `tollgate
+/// health`, `inspect`, `reset` and `override` ask. Returns the status and the body.
 pub async fn call(
     method: Method,
     url: &str,
     token: Option<&str>,
+    json: Option<String>,
     timeout: std::time::Duration,
 ) -> Result<(u16, String), CallError> {
     use http_body_util::BodyExt as _;
@@ -205,10 +220,15 @@ pub async fn call(
     if let Some(token) = token {
         request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
     }
+    if json.is_some() {
+        request = request.header(http::header::CONTENT_TYPE, "application/json");
+    }
     let request = request
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            json.unwrap_or_default(),
+        )))
         .map_err(CallError::Request)?;
-    let client: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
+    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
     let exchange = async {
         let response = client

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Weak;
 use std::time::Duration;
 
-use crate::limit::Store;
+use crate::limit::{clock, Store};
 use crate::shared::Shared;
 
 /// Recomputes the overload factor every 100 ms.
@@ -38,6 +38,48 @@ pub(crate) fn spawn_sweeper(shared: Weak<Shared>) {
             };
             shared.store.sweep();
             shared.local.sweep();
+        }
+    });
+}
+
+/// Reads the fleet's overrides again when another replica announces a change (with Redis),
+/// every 250 ms while this replica cannot hear announcements, and every 10 s in any case; drops
+/// the overrides that ended every second.
+pub(crate) fn spawn_overrides_follower(shared: Weak<Shared>) {
+    const TICK: Duration = Duration::from_millis(250);
+    const SURE_POLL: Duration = Duration::from_secs(10);
+    tokio::spawn(async move {
+        let (mut polled, mut expired) = (clock::instant(), clock::instant());
+        loop {
+            let Some(store) = shared
+                .upgrade()
+                .map(|shared| shared.overrides.fleet_store().cloned())
+            else {
+                break;
+            };
+            let told = match &store {
+                Some(store) => tokio::time::timeout(TICK, store.overrides_changed())
+                    .await
+                    .is_ok(),
+                None => {
+                    tokio::time::sleep(TICK).await;
+                    false
+                }
+            };
+            let Some(shared) = shared.upgrade() else {
+                break;
+            };
+            let deaf = store.as_ref().is_some_and(|store| !store.hears_resets());
+            if told || deaf || clock::elapsed(polled) >= SURE_POLL {
+                polled = clock::instant();
+                if let Err(error) = shared.overrides.refresh().await {
+                    tracing::debug!(%error, "overrides not read from the store this time");
+                }
+            }
+            if clock::elapsed(expired) >= Duration::from_secs(1) {
+                expired = clock::instant();
+                shared.overrides.expire().await;
+            }
         }
     });
 }

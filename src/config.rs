@@ -50,6 +50,8 @@ pub struct Policy {
     pub decision: Option<DecisionSettings>,
     /// `[geoip]`: the databases of the `client_asn` and `client_country` keys, opened.
     pub geoip: Option<Arc<crate::geoip::GeoIp>>,
+    /// `[overrides]`: where the memory store keeps them, and how long one may last.
+    pub overrides: OverrideSettings,
     /// Suspicious but valid policy (`tollgate check` prints them, `run` logs them).
     pub warnings: Vec<String>,
 }
@@ -139,6 +141,15 @@ pub struct StoreSettings {
     pub redis: Option<RedisSettings>,
 }
 
+/// `[overrides]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OverrideSettings {
+    /// With the memory store: the file overrides are kept in across restarts.
+    pub file: Option<std::path::PathBuf>,
+    /// The longest an override may last; also how long one without a `ttl` lasts.
+    pub max_ttl: Option<Duration>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Upstream {
     pub name: String,
@@ -207,6 +218,69 @@ pub struct Limit {
     /// `[limits.NAME.ban]`: a key refused `after` times within `within` is refused entirely
     /// for `duration`.
     pub ban: Option<crate::limit::ban::Ban>,
+    /// `[limits.NAME.refusal]`: how this limit's refusals are answered, when not as usual.
+    pub refusal: Option<Arc<Refusal>>,
+    /// Numbers the request carries (a claim or a trusted header), in place of `capacity`,
+    /// `rate` (or a quota's `capacity`), which are then their defaults.
+    pub carried: Option<CarriedNumbers>,
+}
+
+/// A limit's numbers as requests carry them; those not carried are the limit's own.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CarriedNumbers {
+    pub capacity: Option<Carried<f64>>,
+    pub rate: Option<Carried<Rate>>,
+    pub quota: Option<Carried<f64>>,
+}
+
+impl CarriedNumbers {
+    /// Where the numbers are read, each with the name the policy gives it.
+    pub fn sources(&self) -> impl Iterator<Item = (&'static str, &NumberSource)> {
+        [
+            (
+                "capacity",
+                self.capacity.as_ref().map(|carried| &carried.source),
+            ),
+            ("rate", self.rate.as_ref().map(|carried| &carried.source)),
+            ("quota", self.quota.as_ref().map(|carried| &carried.source)),
+        ]
+        .into_iter()
+        .filter_map(|(name, source)| Some((name, source?)))
+    }
+
+    fn reads_token(&self) -> bool {
+        self.sources()
+            .any(|(_, source)| matches!(source, NumberSource::JwtClaim(_)))
+    }
+}
+
+/// One number a request carries, and the most it may ask for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Carried<T> {
+    pub source: NumberSource,
+    pub max: T,
+}
+
+/// Where a request carries a number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NumberSource {
+    /// A dotted path into the verified token's claims.
+    JwtClaim(String),
+    /// A header that a proxy in front sets (`trust_header = true`).
+    Header(http::HeaderName),
+}
+
+/// How a limit's refusals are answered (`[limits.NAME.refusal]`): an anti-flood limit may
+/// answer without advertising its numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub status: http::StatusCode,
+    /// The rate-limit headers of its refusals; `None`: `[server] ratelimit_headers`.
+    pub headers: Option<HeaderMode>,
+    /// Whether its refusals say `Retry-After` (and the body's `retry_after`).
+    pub retry_after: bool,
+    /// The body, read from `body_file`, and its content type; `None`: the usual JSON.
+    pub body: Option<(bytes::Bytes, Arc<str>)>,
 }
 
 /// Where a request's tier is read.
@@ -257,6 +331,10 @@ impl Limit {
             .iter()
             .any(|source| matches!(source, KeySource::JwtClaim(_)))
             || matches!(self.tier, Some(TierSource::JwtClaim(_)))
+            || self
+                .carried
+                .as_ref()
+                .is_some_and(CarriedNumbers::reads_token)
     }
 
     /// Whether the key or an exemption reads what `[geoip]` says of the client.

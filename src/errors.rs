@@ -15,6 +15,8 @@ pub enum StartError {
     Upstream(UpstreamSetupError),
     #[error("cannot set up the store: {0}")]
     Store(StoreError),
+    #[error("{0}")]
+    Overrides(crate::overrides::FileError),
     #[error("cannot listen on {address}: {source}")]
     Listen {
         address: SocketAddr,

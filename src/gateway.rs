@@ -49,13 +49,14 @@ use self::read_body::read_body;
 use self::settle::Settlement;
 use self::slots::SlotRequests;
 use crate::body::Body;
+use crate::config::Limit;
 use crate::connection::{Answering, Connection, RequestBody};
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
-use crate::limit::concurrency::{SlotKey, SlotRequest};
-use crate::limit::{clock, BucketRequest};
+use crate::limit::{clock, BucketRequest, KeyParts};
 use crate::metrics::Outcome;
+use crate::overrides::{Override, Table};
 use crate::reject::{LimitReport, Reject, Reports};
 use crate::request_id::{REQUEST_ID_NAME, X_REQUEST_ID};
 use crate::respond::{self, FieldValue, SetFields};
@@ -90,6 +91,8 @@ pub(crate) type Buckets<'r> = Applied<'r, BucketRequest<'r>>;
 pub(crate) struct Requested<'r> {
     pub(crate) buckets: Buckets<'r>,
     pub(crate) slots: SlotRequests<'r>,
+    /// The limits decided under an override (`per_org,per_ip`), for the access log.
+    pub(crate) overridden: Option<String>,
 }
 
 impl Requested<'_> {
@@ -97,7 +100,16 @@ impl Requested<'_> {
         Requested {
             buckets: Buckets::new(),
             slots: SlotRequests::new(),
+            overridden: None,
         }
+    }
+
+    pub(crate) fn note_override(&mut self, limit: &str) {
+        let names = self.overridden.get_or_insert_with(String::new);
+        if !names.is_empty() {
+            names.push(',');
+        }
+        names.push_str(limit);
     }
 }
 
@@ -222,7 +234,8 @@ impl Serving for Proxying {
         if scan.grpc {
             respond::grpc_rejection(reject, mode, reports, fields)
         } else {
-            respond::rejection(reject, mode, reports, fields)
+            let shape = runtime.refusal_shape(reports);
+            respond::rejection(reject, mode, shape, reports, fields)
         }
     }
 }
@@ -430,6 +443,7 @@ impl Gateway {
             .with_claims(claims.as_deref())
             .with_client(client.origin, client.ja4);
         let load_factor = self.shared.load.factor();
+        let overrides = self.shared.overrides.table();
         // Read once, and only for a route with a calendar quota.
         let mut calendar_time = None;
         for applied in &route.limits {
@@ -442,19 +456,20 @@ impl Gateway {
             else {
                 continue;
             };
+            let overridden = self.overridden(&overrides, limit, &key_parts);
+            if overridden.is_some() {
+                requested.note_override(&limit.name);
+            }
             if let Some(concurrency) = limit.concurrency {
-                let key = SlotKey {
-                    limit: limit.name.clone(),
-                    fingerprint: limit.fingerprint,
-                    parts: key_parts,
+                let slots = match overridden {
+                    Some(entry) => entry.slots(concurrency),
+                    None => Some(concurrency),
                 };
-                let in_use = applied.metrics.concurrency_in_use.clone();
-                let request = SlotRequest {
-                    key,
-                    slots: concurrency,
-                    in_use,
-                };
-                requested.slots.push(applied, request);
+                if let Some(slots) = slots {
+                    requested
+                        .slots
+                        .push(applied, applied.slots(key_parts, slots));
+                }
                 continue;
             }
             let calendar_now =
@@ -463,7 +478,20 @@ impl Gateway {
                 Some(read) => key::read_cost(read, &facts),
                 None => applied.cost,
             };
-            let tier = key::tier(limit, &facts);
+            let numbers_in_place;
+            let tier = match overridden {
+                Some(entry) => {
+                    numbers_in_place = entry.tier(limit);
+                    Some(&numbers_in_place)
+                }
+                None => match &limit.carried {
+                    Some(carried) => {
+                        numbers_in_place = key::carried_tier(limit, carried, &facts);
+                        Some(&numbers_in_place)
+                    }
+                    None => key::tier(limit, &facts),
+                },
+            };
             let Some(mut charge) = limit.charge(tier, cost, load_factor, calendar_now) else {
                 continue;
             };
@@ -476,6 +504,24 @@ impl Gateway {
                 .push(applied, applied.bucket(key_parts, charge));
         }
         Ok(())
+    }
+
+    /// The override in force for `limit`'s key `parts`, if an operator set one: for a key
+    /// without one, a look at a table that is nearly always empty.
+    #[inline]
+    pub(crate) fn overridden<'t>(
+        &self,
+        overrides: &'t Table,
+        limit: &Limit,
+        parts: &KeyParts,
+    ) -> Option<&'t Override> {
+        if overrides.is_empty() {
+            return None;
+        }
+        let found = overrides.find(limit, parts)?;
+        found
+            .active_at(self.shared.overrides.now())
+            .then_some(&**found)
     }
 
     /// The claims of the request's token, verified; `None` when it carries none. A token that

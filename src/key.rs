@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use http::HeaderMap;
 use ipnet::IpNet;
 
+mod carried;
 mod hasher;
 mod json;
 
@@ -19,6 +20,7 @@ use crate::config::{KeySource, Limit, Missing, Normalize, Tier, TierSource};
 use crate::geoip::{self, Country, Origin};
 use crate::limit::{KeyPart, KeyParts};
 use crate::settle::{self, Reading};
+pub use carried::carried_tier;
 pub use hasher::KeyHasher;
 #[cfg(test)]
 use hasher::REMEMBERED;

@@ -26,6 +26,7 @@ pub mod key;
 pub mod limit;
 pub mod metrics;
 pub mod overload;
+pub mod overrides;
 pub mod path;
 pub mod reject;
 pub mod replay;
@@ -88,6 +89,10 @@ impl Tollgate {
     pub async fn start(policy: Policy, options: Options) -> Result<Tollgate, StartError> {
         let clock = options.clock.unwrap_or_else(Clock::monotonic);
         let shared = Arc::new(Shared::new(&policy, clock)?);
+        // The fleet's overrides, before the first request: a restart keeps them in force.
+        if let Err(error) = shared.overrides.refresh().await {
+            tracing::warn!(%error, "overrides not read from the store yet: they apply once it answers");
+        }
         for warning in &policy.warnings {
             tracing::warn!("policy: {warning}");
         }
@@ -103,6 +108,7 @@ impl Tollgate {
         background::spawn_load_ticker(Arc::downgrade(&shared));
         background::spawn_sweeper(Arc::downgrade(&shared));
         background::spawn_store_probe(Arc::downgrade(&shared));
+        background::spawn_overrides_follower(Arc::downgrade(&shared));
         if let Store::Redis(redis) = &shared.store {
             tokio::spawn(RedisStore::follow_resets(Arc::downgrade(redis)));
         }

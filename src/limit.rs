@@ -116,16 +116,50 @@ impl BucketKey<'_> {
 
     /// Appends the key alone (`global`, `v4:203.0.113.0/24`, `h:…`, parts joined by `|`).
     pub fn push_key_to(&self, out: &mut String) {
-        if self.parts.is_empty() {
-            out.push_str("global");
-        }
-        for (index, part) in self.parts.iter().enumerate() {
-            if index > 0 {
-                out.push('|');
-            }
-            part.push_to(out);
-        }
+        push_parts(&self.parts, out);
     }
+}
+
+/// Appends a key's parts as store keys and the access log spell them: `global` for none,
+/// else each part, joined by `|`.
+pub fn push_parts(parts: &[KeyPart], out: &mut String) {
+    if parts.is_empty() {
+        out.push_str("global");
+    }
+    for (index, part) in parts.iter().enumerate() {
+        if index > 0 {
+            out.push('|');
+        }
+        part.push_to(out);
+    }
+}
+
+/// A key's parts read back from their spelling ([`push_parts`]); `None` for anything else.
+pub fn parse_parts(text: &str) -> Option<KeyParts> {
+    if text == "global" {
+        return Some(KeyParts::new());
+    }
+    text.split('|').map(parse_part).collect()
+}
+
+fn parse_part(text: &str) -> Option<KeyPart> {
+    let (kind, value) = text.split_once(':')?;
+    Some(match kind {
+        "v4" => KeyPart::Network(IpNet::V4(value.parse().ok()?)),
+        "v6" => KeyPart::Network(IpNet::V6(value.parse().ok()?)),
+        "as" if !value.is_empty() && value.bytes().all(|byte| byte.is_ascii_digit()) => {
+            KeyPart::Asn(value.parse().ok()?)
+        }
+        "cc" => KeyPart::Country(crate::geoip::Country::parse(value)?),
+        "h" if value.len() == 32 => {
+            let mut digest = [0u8; 16];
+            for (byte, pair) in digest.iter_mut().zip(value.as_bytes().chunks(2)) {
+                *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+            }
+            KeyPart::Digest(digest)
+        }
+        _ => return None,
+    })
 }
 
 impl fmt::Display for BucketKey<'_> {
@@ -354,6 +388,34 @@ mod tests {
         )]);
         assert_eq!(network.to_string(), "login:v4:203.0.113.0/24");
         assert_eq!(key(KeyParts::new()).to_string(), "login:global");
+    }
+
+    #[test]
+    fn spelled_keys_read_back_and_nothing_else_does() {
+        for text in [
+            "global",
+            "v4:203.0.113.0/24",
+            "v6:2001:db8:1:2::/64|h:0fa000000000000000000000000000ff",
+            "as:64500|cc:DE",
+        ] {
+            let parts = parse_parts(text).unwrap();
+            let mut spelled = String::new();
+            push_parts(&parts, &mut spelled);
+            assert_eq!(spelled, text);
+        }
+        for text in [
+            "",
+            "v4:203.0.113.0",
+            "v4:2001:db8::/64",
+            "h:0fa0",
+            "h:0fa000000000000000000000000000fg",
+            "as:+1",
+            "cc:DEU",
+            "v4:203.0.113.0/24|",
+            "email:someone",
+        ] {
+            assert_eq!(parse_parts(text), None, "{text:?}");
+        }
     }
 
     proptest::proptest! {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
+use tollgate::admin::commands::{self, KeyArguments};
 use tollgate::config::{self, Policy};
 use tollgate::{demo, Options, Tollgate};
 use tracing_subscriber::EnvFilter;
@@ -26,27 +27,6 @@ struct Cli {
     worker_threads: Option<std::num::NonZeroUsize>,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(clap::Args)]
-struct KeyArguments {
-    /// The limit's name.
-    #[arg(long)]
-    limit: String,
-    /// The key's value as a request carries it (an email, a header's value, an address);
-    /// once per part of a composite key, in order; none for a global limit.
-    #[arg(long = "key", value_name = "VALUE")]
-    keys: Vec<String>,
-    /// For a limit with tiers: the tier whose numbers to read the key with.
-    #[arg(long)]
-    tier: Option<String>,
-    /// The admin listener (default: $TOLLGATE_ADMIN, then the policy's [admin] listen).
-    #[arg(long, value_name = "URL", env = "TOLLGATE_ADMIN")]
-    admin: Option<String>,
-    /// The policy (default: $TOLLGATE_CONFIG, then config/tollgate.toml), for the admin
-    /// address and the token's environment variable.
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -84,6 +64,10 @@ enum Command {
     /// Reset one key of a limit (its bucket full again, its penalty gone), for every replica
     /// sharing a Redis store.
     Reset(KeyArguments),
+    /// Change one key's numbers in a limit while the gateway runs (for every replica sharing
+    /// a Redis store), list the overrides, or delete one.
+    #[command(subcommand)]
+    Override(commands::OverrideCommand),
     /// Decide logged traffic (tollgate's JSON access log; gzip and `-` for stdin too) against a
     /// policy, with the log's clock, and report what it would refuse. Exit 0 when it ran, 1
     /// when no line could be read, 2 for a bad policy.
@@ -166,8 +150,9 @@ fn main() -> ExitCode {
                 },
                 &logs,
             )),
-            Command::Inspect(arguments) => Ok(key_command(false, arguments).await),
-            Command::Reset(arguments) => Ok(key_command(true, arguments).await),
+            Command::Inspect(arguments) => Ok(commands::key_command(false, arguments).await),
+            Command::Reset(arguments) => Ok(commands::key_command(true, arguments).await),
+            Command::Override(command) => Ok(commands::override_command(command).await),
         }
     });
     match result {
@@ -273,6 +258,7 @@ async fn health(url: Option<String>, config: Option<PathBuf>) -> ExitCode {
         http::Method::GET,
         &url,
         None,
+        None,
         std::time::Duration::from_secs(2),
     )
     .await;
@@ -375,128 +361,6 @@ fn replay(config: Option<PathBuf>, output: ReplayOutput, logs: &[String]) -> Exi
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
-}
-
-/// `tollgate inspect` and `tollgate reset`: one call to the admin API, its answer for a person.
-async fn key_command(reset: bool, arguments: KeyArguments) -> ExitCode {
-    let path = arguments
-        .config
-        .clone()
-        .unwrap_or_else(config::default_path);
-    let policy = Policy::load(&path);
-    let admin = match (&arguments.admin, &policy) {
-        (Some(url), _) => url.trim_end_matches('/').to_owned(),
-        (None, Ok(policy)) => tollgate::admin::local_url(policy.admin.listen),
-        (None, Err(errors)) => {
-            eprintln!("{errors}");
-            eprintln!(
-                "tollgate: cannot read the admin address from {}: pass --admin http://host:port \
-                 (or set TOLLGATE_ADMIN), or the gateway's policy with --config FILE (or \
-                 TOLLGATE_CONFIG)",
-                path.display()
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    let token = match &policy {
-        Ok(policy) => policy
-            .admin
-            .token
-            .as_ref()
-            .map(|token| token.secret().to_owned()),
-        Err(_) => std::env::var("TOLLGATE_ADMIN_TOKEN").ok(),
-    };
-    let url = key_url(&admin, &arguments);
-    let method = if reset {
-        http::Method::DELETE
-    } else {
-        http::Method::GET
-    };
-    let timeout = std::time::Duration::from_secs(5);
-    let answer = tollgate::admin::call(method, &url, token.as_deref(), timeout).await;
-    report_key_answer(&arguments, &url, answer)
-}
-
-/// `/limits/NAME?key=…&tier=…` on the admin listener at `admin`.
-fn key_url(admin: &str, arguments: &KeyArguments) -> String {
-    let mut query = form_urlencoded::Serializer::new(String::new());
-    for value in &arguments.keys {
-        query.append_pair("key", value);
-    }
-    if let Some(tier) = &arguments.tier {
-        query.append_pair("tier", tier);
-    }
-    format!("{admin}/limits/{}?{}", arguments.limit, query.finish())
-}
-
-/// Prints what the admin listener answered to `inspect` or `reset`, in a line for people.
-fn report_key_answer(
-    arguments: &KeyArguments,
-    url: &str,
-    answer: Result<(u16, String), tollgate::admin::CallError>,
-) -> ExitCode {
-    let shown = arguments.keys.join(" + ");
-    match answer {
-        Ok((204, _)) => {
-            println!(
-                "{} [{shown}]: reset, the bucket is full again",
-                arguments.limit
-            );
-            ExitCode::SUCCESS
-        }
-        Ok((200, body)) => {
-            let state: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-            println!("{} [{shown}]: {}", arguments.limit, key_state(&state));
-            ExitCode::SUCCESS
-        }
-        Ok((status, body)) => {
-            let detail: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-            let what = match status {
-                401 => "the admin token is missing or wrong (it comes from the policy's [admin] token_env)".to_owned(),
-                404 => format!("no limit named {:?}", arguments.limit),
-                _ => detail["detail"].as_str().or(detail["error"].as_str()).unwrap_or(&body).to_owned(),
-            };
-            eprintln!("tollgate: {url}: {status}: {what}");
-            ExitCode::FAILURE
-        }
-        Err(error) => {
-            eprintln!("tollgate: {error}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// A key's state as `/limits` gives it: tokens left, when a quota's period ends, a penalty, a
-/// ban.
-fn key_state(state: &serde_json::Value) -> String {
-    let number = |name: &str| state[name].as_f64().unwrap_or(0.0);
-    let mut line = format!(
-        "{} of {} tokens left",
-        number("tokens").max(0.0).floor(),
-        number("capacity")
-    );
-    if let Some(resets_in) = state["resets_in"].as_f64() {
-        line.push_str(&format!(
-            ", the period ends in {}",
-            humantime::format_duration(std::time::Duration::from_secs(resets_in.ceil() as u64))
-        ));
-    }
-    if let Some(factor) = state["penalty"]["factor"].as_f64() {
-        let until = state["penalty"]["until_unix"].as_f64().unwrap_or(0.0);
-        let until = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(until.max(0.0));
-        line.push_str(&format!(
-            ", penalised ×{factor} until {}",
-            humantime::format_rfc3339_seconds(until)
-        ));
-    }
-    if let Some(until) = state["banned_until_unix"].as_f64() {
-        let until = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(until.max(0.0));
-        line.push_str(&format!(
-            ", banned until {}",
-            humantime::format_rfc3339_seconds(until)
-        ));
-    }
-    line
 }
 
 /// SIGHUP reloads; SIGTERM and SIGINT drain and exit 0.

@@ -18,9 +18,11 @@ pub use per_thread::{Counter, Histogram, IntCounter, IntGauge};
 
 mod decision;
 mod labels;
+mod overrides;
 mod per_thread;
 mod settled;
 
+pub use overrides::{OverrideChange, OverrideMetrics};
 pub use settled::SettleMetrics;
 
 use crate::client_ip::TrustWarning;
@@ -63,6 +65,8 @@ pub struct Metrics {
     jwt_rejected: IntCounterVec,
     pub load_factor: Gauge,
     settle: settled::SettleFamilies,
+    /// `tollgate_overrides_active`, `tollgate_override_changes_total`.
+    pub overrides: OverrideMetrics,
 }
 
 /// Latency buckets from 100 µs to 10 s.
@@ -248,6 +252,7 @@ impl Metrics {
         );
         load_factor.set(1.0);
         let settle = settled::SettleFamilies::new(&registry);
+        let overrides = OverrideMetrics::new(&registry);
         for result in ["ok", "error"] {
             config_reloads.with_label_values(&[result]);
         }
@@ -283,6 +288,7 @@ impl Metrics {
             jwt_rejected,
             load_factor,
             settle,
+            overrides,
         }
     }
 

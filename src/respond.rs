@@ -8,7 +8,7 @@ use http::{Response, StatusCode};
 use smallvec::SmallVec;
 
 use crate::body::Body;
-use crate::config::HeaderMode;
+use crate::config::{HeaderMode, Refusal};
 use crate::reject::{LimitReport, Reject};
 use crate::request_id::RequestId;
 use crate::upstream::ForwardError;
@@ -106,6 +106,7 @@ impl SetFields {
 pub fn rejection(
     reject: Reject,
     mode: HeaderMode,
+    shape: Option<&Refusal>,
     reports: &[LimitReport<'_>],
     fields: &mut SetFields,
 ) -> Response<Body> {
@@ -120,7 +121,10 @@ pub fn rejection(
             unauthorized("Bearer error=\"invalid_token\"", "invalid_token", None)
         }
         Reject::Unauthenticated(detail) => unauthorized("Bearer", "unauthorized", Some(&detail)),
-        Reject::Limited | Reject::Banned => too_many_requests(mode, reports, fields),
+        Reject::Limited | Reject::Banned => match shape {
+            Some(shape) => shaped_refusal(shape, mode, reports, fields),
+            None => too_many_requests(mode, reports, fields),
+        },
         Reject::StoreUnavailable => store_unavailable(1),
         Reject::Upstream(ForwardError::Timeout(_)) => gateway_timeout(),
         Reject::Upstream(ForwardError::ClientBody) => {
@@ -305,6 +309,40 @@ pub fn too_many_requests(
     fields.set(&CONTENT_TYPE_NAME, FieldValue::Static(content_type));
     refusal_fields(retry_after, mode, reports, fields);
     without_fields(StatusCode::TOO_MANY_REQUESTS, body)
+}
+
+/// A refusal as its limit's `[limits.NAME.refusal]` shapes it: its status, its headers (or
+/// none), `Retry-After` or not, its body file or the usual JSON (without `retry_after` when
+/// the wait is not told).
+pub fn shaped_refusal(
+    shape: &Refusal,
+    mode: HeaderMode,
+    reports: &[LimitReport<'_>],
+    fields: &mut SetFields,
+) -> Response<Body> {
+    let retry_after = refusal_retry_after(reports);
+    let body = match &shape.body {
+        Some((body, content_type)) => {
+            fields.set(&CONTENT_TYPE_NAME, FieldValue::Name(content_type.clone()));
+            body.clone()
+        }
+        None => {
+            let mut body = serde_json::json!({ "error": "too_many_requests" });
+            if shape.retry_after {
+                body["retry_after"] = retry_after.into();
+            }
+            if crate::reject::banned(reports) {
+                body["ban"] = true.into();
+            }
+            fields.set(&CONTENT_TYPE_NAME, FieldValue::Static("application/json"));
+            Bytes::from(body.to_string())
+        }
+    };
+    if shape.retry_after {
+        fields.set(&RETRY_AFTER_NAME, FieldValue::Number(retry_after));
+    }
+    add_ratelimit_headers(fields, shape.headers.unwrap_or(mode), reports);
+    without_fields(shape.status, body)
 }
 
 /// What a refusal tells beside its body, whatever carries it (a 429, a gRPC decision's

@@ -6,12 +6,14 @@
 use std::sync::Arc;
 
 use crate::config::costs::{ReadCost, Settle};
-use crate::config::{DescriptorRule, Limit, Policy, Route, StoreFailurePolicy};
+use crate::config::{DescriptorRule, Limit, Policy, Refusal, Route, StoreFailurePolicy};
+use crate::limit::concurrency::{SlotKey, SlotRequest};
 use crate::limit::{BucketKey, BucketRequest, Charge, KeyParts};
 use crate::metrics::{
     DecisionMetrics, LimitMetrics, Metrics, RlsMetrics, RouteMetrics, SettleMetrics,
     SharedIntCounter, RLS_ROUTE,
 };
+use crate::reject::LimitReport;
 use crate::settle::Measuring;
 use crate::upstream::{UpstreamPool, UpstreamSetupError};
 
@@ -24,6 +26,8 @@ pub struct Runtime {
     pub matches_hosts: bool,
     /// What the decision listener reads, with `[decision]`.
     pub decision: Option<DecisionRuntime>,
+    /// The limits whose refusals are shaped (`[limits.NAME.refusal]`), by name.
+    pub refusals: Vec<(Arc<str>, Arc<Refusal>)>,
 }
 
 /// The decision listener's share of a runtime: its counters, and its descriptor rules with
@@ -96,6 +100,22 @@ impl AppliedLimit {
             adaptive: limit.adaptive.as_ref().map(|adaptive| adaptive.params),
             lease: limit.lease,
             ban: limit.ban,
+        }
+    }
+}
+
+impl AppliedLimit {
+    /// The request for `slots` of this concurrency limit's slots of `key`.
+    pub fn slots(&self, key: KeyParts, slots: u32) -> SlotRequest {
+        let limit = &*self.limit;
+        SlotRequest {
+            key: SlotKey {
+                limit: limit.name.clone(),
+                fingerprint: limit.fingerprint,
+                parts: key,
+            },
+            slots,
+            in_use: self.metrics.concurrency_in_use.clone(),
         }
     }
 }
@@ -174,11 +194,31 @@ impl Runtime {
                 rls,
             }
         });
+        let refusals = policy
+            .limits
+            .iter()
+            .filter_map(|limit| Some((limit.name.clone(), limit.refusal.clone()?)))
+            .collect();
         Ok(Runtime {
             decision,
             matches_hosts: policy.routes.iter().any(|route| route.host.is_some()),
             routes,
+            refusals,
             policy,
         })
+    }
+
+    /// How a refusal is answered: as the first refusing limit (in the route's order, which
+    /// the reports keep) shapes it, if it does.
+    #[inline]
+    pub fn refusal_shape(&self, reports: &[LimitReport<'_>]) -> Option<&Refusal> {
+        if self.refusals.is_empty() {
+            return None;
+        }
+        let first = reports.iter().find(|report| report.refused)?;
+        self.refusals
+            .iter()
+            .find(|(name, _)| **name == *first.name)
+            .map(|(_, refusal)| &**refusal)
     }
 }

@@ -15,6 +15,7 @@ use crate::key::KeyHasher;
 use crate::limit::{Clock, MemoryStore, RedisStore, Store};
 use crate::metrics::{Metrics, StoreCallMetrics};
 use crate::overload::LoadMonitor;
+use crate::overrides::Overrides;
 use crate::request_id::RequestIds;
 use crate::runtime::Runtime;
 
@@ -29,6 +30,8 @@ pub(crate) struct Shared {
     /// The slots of concurrency limits held by this process's requests in flight.
     pub(crate) slots: Arc<crate::limit::concurrency::Slots>,
     pub(crate) hasher: KeyHasher,
+    /// Keys whose numbers an operator changed while the gateway runs.
+    pub(crate) overrides: Overrides,
     pub(crate) metrics: Metrics,
     pub(crate) store_calls: StoreCallMetrics,
     pub(crate) trust_warned: TrustWarned,
@@ -90,10 +93,6 @@ impl Shared {
     /// The state of a gateway starting with `policy`: its store (memory, or Redis prepared
     /// without connecting), metrics, runtime and TLS acceptor.
     pub(crate) fn new(policy: &Policy, clock: Clock) -> Result<Shared, StartError> {
-        let hasher = match &policy.store.hash_key {
-            Some(secret) => KeyHasher::from_secret(secret.as_bytes()),
-            None => KeyHasher::random(),
-        };
         let metrics = Metrics::new();
         let store = match &policy.store.redis {
             Some(settings) => Store::Redis(Arc::new(
@@ -107,9 +106,13 @@ impl Shared {
             )),
             None => Store::Memory(MemoryStore::new(policy.store.max_keys, clock.clone())),
         };
+        let (overrides, hasher) =
+            Overrides::open(policy, &store, clock.clone(), metrics.overrides.clone())
+                .map_err(StartError::Overrides)?;
         let runtime = Runtime::new(policy.clone(), &metrics).map_err(StartError::Upstream)?;
         let tls = crate::tls::acceptor(policy.server.tls.as_ref()).map_err(StartError::Tls)?;
         Ok(Shared {
+            overrides,
             store_calls: metrics.store_call(store.backend()),
             store,
             local: MemoryStore::new(policy.store.max_keys, clock),
@@ -143,6 +146,9 @@ impl Shared {
         if old.store != new.store {
             tracing::warn!("[store] changed: it takes effect after a restart");
         }
+        if old.overrides.file != new.overrides.file {
+            tracing::warn!("[overrides] file changed: it takes effect after a restart");
+        }
         match (&old.server.tls, tls) {
             (Some(_), Some(acceptor)) => self.tls.store(Some(Arc::new(acceptor))),
             (None, None) => {}
@@ -151,6 +157,7 @@ impl Shared {
         for warning in &new.warnings {
             tracing::warn!("policy: {warning}");
         }
+        self.overrides.reloaded(&runtime.policy);
         self.runtime.store(Arc::new(runtime));
         Ok(())
     }

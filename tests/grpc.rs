@@ -29,6 +29,12 @@ key = { header = "x-user" }
 capacity = 1
 rate = "1/h"
 
+# Shapes HTTP refusals only: a gRPC call is refused as gRPC reads it, with its wait.
+[limits.per_user.refusal]
+status = 503
+headers = "none"
+retry_after = false
+
 [limits.per_subject]
 key = { jwt_claim = "sub" }
 capacity = 10

@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 use crate::body::Body;
 use crate::config::{Limit, Mode, Tier};
 use crate::key;
-use crate::limit::{BucketKey, Charge};
+use crate::limit::{BucketKey, Charge, KeyParts};
+use crate::overrides::Override;
 use crate::respond;
 use crate::shared::Shared;
 
@@ -33,19 +34,8 @@ pub(super) async fn answer(
     let Some(limit) = policy.limits.iter().find(|limit| &*limit.name == name) else {
         return respond::error(StatusCode::NOT_FOUND, "unknown_limit", Some(name));
     };
-    let pairs: Vec<(String, String)> = query
-        .map(|query| {
-            form_urlencoded::parse(query.as_bytes())
-                .into_owned()
-                .collect()
-        })
-        .unwrap_or_default();
-    let values: Vec<&str> = pairs
-        .iter()
-        .filter(|(name, _)| name == "key")
-        .map(|(_, value)| value.as_str())
-        .collect();
-    let parts = match key::parts_of_values(limit, &values, &shared.hasher) {
+    let pairs = query_pairs(query);
+    let parts = match key_of(limit, &pairs, shared) {
         Ok(parts) => parts,
         Err(error) => return respond::bad_request(&error.to_string()),
     };
@@ -54,21 +44,56 @@ pub(super) async fn answer(
         fingerprint: limit.fingerprint,
         parts,
     };
-    let tier = pairs
-        .iter()
-        .find(|(name, _)| name == "tier")
-        .and_then(|(_, tier)| limit.tiers.iter().find(|(name, _)| name == tier))
-        .map(|(_, tier)| tier);
+    let overrides = shared.overrides.table();
+    let overridden = overrides.in_force(limit, &bucket.parts, shared.overrides.now());
+    let tier_of_override = overridden.map(|entry| entry.tier(limit));
+    // An override beats a tier, as it does for requests.
+    let tier = tier_of_override.as_ref().or_else(|| {
+        pairs
+            .iter()
+            .find(|(name, _)| name == "tier")
+            .and_then(|(_, tier)| limit.tiers.iter().find(|(name, _)| name == tier))
+            .map(|(_, tier)| tier)
+    });
     // An exempt tier has no bucket: the key reads as the limit's own.
     let charge = limit
         .charge(tier, 1.0, 1.0, || shared.store.calendar_now())
         .or_else(|| limit.charge(None, 1.0, 1.0, || shared.store.calendar_now()))
         .expect("a limit's own numbers always make a charge");
+    let overridden = overridden.cloned();
+    drop(overrides);
     match *method {
-        Method::GET | Method::HEAD => key_state(shared, limit, &bucket, &charge).await,
+        Method::GET | Method::HEAD => {
+            key_state(shared, limit, &bucket, &charge, overridden.as_deref()).await
+        }
         Method::DELETE => reset(shared, limit, &bucket, peer).await,
         _ => method_not_allowed(),
     }
+}
+
+/// The query's name and value pairs, decoded.
+pub(super) fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    query
+        .map(|query| {
+            form_urlencoded::parse(query.as_bytes())
+                .into_owned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The key the query's `key=` values name in `limit`, read as a request's would be.
+pub(super) fn key_of(
+    limit: &Limit,
+    pairs: &[(String, String)],
+    shared: &Shared,
+) -> Result<KeyParts, key::ValuesError> {
+    let values: Vec<&str> = pairs
+        .iter()
+        .filter(|(name, _)| name == "key")
+        .map(|(_, value)| value.as_str())
+        .collect();
+    key::parts_of_values(limit, &values, &shared.hasher)
 }
 
 /// One key's state: its tokens, penalty, ban and period.
@@ -77,6 +102,7 @@ async fn key_state(
     limit: &Limit,
     bucket: &BucketKey<'_>,
     charge: &Charge,
+    overridden: Option<&Override>,
 ) -> http::Response<Body> {
     let params = limit.adaptive.as_ref().map(|adaptive| &adaptive.params);
     match shared.store.inspect(bucket, charge, params).await {
@@ -93,6 +119,7 @@ async fn key_state(
                 })),
                 "resets_in": charge.period.map(|period| period.ends_in),
                 "banned_until_unix": state.banned_until,
+                "override": overridden,
             })
             .to_string(),
         ),
@@ -165,11 +192,11 @@ fn describe(limit: &Limit) -> Value {
     entry
 }
 
-fn method_not_allowed() -> http::Response<Body> {
+pub(super) fn method_not_allowed() -> http::Response<Body> {
     respond::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", None)
 }
 
-fn store_failed(detail: &str) -> http::Response<Body> {
+pub(super) fn store_failed(detail: &str) -> http::Response<Body> {
     respond::error(
         StatusCode::SERVICE_UNAVAILABLE,
         "store_unavailable",

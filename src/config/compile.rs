@@ -2,11 +2,13 @@
 //! path and what would be valid; all errors of a file are reported at once.
 
 mod auth;
+mod carried;
 mod costs;
 mod decision;
 mod geoip;
 mod limits;
 mod penalties;
+mod refusal;
 mod routes;
 mod server;
 mod shaping;
@@ -303,6 +305,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
     let (server, admin) = compile_listeners(raw.server, raw.admin, base, errors);
     let client_ip = server::compile_client_ip(raw.client_ip, errors);
     let store = store::compile_store(raw.store, base, errors);
+    let overrides = store::compile_overrides(raw.overrides, &store, base, errors);
     let overload = raw
         .overload
         .and_then(|overload| penalties::compile_overload(overload, errors));
@@ -325,7 +328,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         .limits
         .into_iter()
         .filter_map(|(name, limit)| {
-            limits::compile_limit(name, limit, &client_ip, jwt_configured, errors)
+            limits::compile_limit(name, limit, &client_ip, (jwt_configured, base), errors)
         })
         .map(Arc::new)
         .collect();
@@ -365,6 +368,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         jwt,
         decision,
         geoip,
+        overrides,
         warnings: Vec::new(),
     };
     policy.warnings = warnings::warnings(&policy);

@@ -16,7 +16,9 @@ pub struct DecisionSettings {
     /// Peers that may ask; any other gets 403.
     pub allow: Vec<IpNet>,
     /// The status of a refusal (429; 403 for nginx's `auth_request`).
-    pub refuse_status: StatusCode,
+    /// The status of every refusal, when set; else each limit's (`[limits.NAME.refusal]`),
+    /// else 429.
+    pub refuse_status: Option<StatusCode>,
     /// In the file's order; no two share a domain and entry list.
     pub descriptors: Vec<DescriptorRule>,
 }

@@ -15,9 +15,13 @@ use toml::Spanned;
 use super::units::{self, Rate};
 
 mod decision;
+mod limit;
+mod overrides;
 mod route_limit;
 
 pub use decision::{RawDecision, RawDescriptorEntry, RawDescriptorRule};
+pub use limit::{RawBan, RawCarried, RawLimit, RawNumber, RawRefusal, RawTier, RawTierSource};
+pub use overrides::RawOverrides;
 pub use route_limit::{RawCost, RawReadCost, RawRouteLimit, RawSettle, RawSettleField};
 
 #[derive(Debug, Deserialize)]
@@ -42,6 +46,8 @@ pub struct RawConfig {
     pub auth: RawAuth,
     pub decision: Option<Spanned<RawDecision>>,
     pub geoip: Option<Spanned<RawGeoIp>>,
+    #[serde(default)]
+    pub overrides: RawOverrides,
 }
 
 /// `[geoip]`: MaxMind DB files for the `client_asn` and `client_country` keys.
@@ -209,112 +215,6 @@ pub enum Reuse {
     /// `http-reuse safe`): bytes a buggy upstream sends after a response can answer no other
     /// client.
     PerClient,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLimit {
-    pub key: Spanned<RawKey>,
-    pub normalize: Option<Normalize>,
-    pub missing: Option<Missing>,
-    /// A token bucket: `capacity` and `rate`; or a calendar quota: `quota` and `period`.
-    pub capacity: Option<Spanned<f64>>,
-    pub rate: Option<Spanned<HumanRate>>,
-    pub quota: Option<Spanned<f64>>,
-    pub period: Option<Spanned<crate::limit::calendar::Period>>,
-    /// A concurrency limit: at most this many requests of a key in flight.
-    pub concurrency: Option<Spanned<i64>>,
-    /// What a request that finds too few tokens gets: refused, or held until they come.
-    pub on_limit: Option<Spanned<OnLimit>>,
-    pub max_delay: Option<Spanned<HumanDuration>>,
-    /// Token leases: each replica takes up to `rate × lease` tokens per store call.
-    pub lease: Option<Spanned<HumanDuration>>,
-    pub timezone: Option<Spanned<String>>,
-    pub mode: Option<Mode>,
-    pub exempt: Option<Spanned<Vec<String>>>,
-    /// Autonomous systems and countries (`[geoip]`) this limit never applies to.
-    pub exempt_asns: Option<Spanned<Vec<RawAsn>>>,
-    pub exempt_countries: Option<Spanned<Vec<String>>>,
-    pub ipv4_prefix: Option<Spanned<i64>>,
-    pub ipv6_prefix: Option<Spanned<i64>>,
-    pub adaptive: Option<Spanned<RawAdaptive>>,
-    pub charge_on_status: Option<Spanned<BTreeMap<String, f64>>>,
-    pub tier: Option<Spanned<RawTierSource>>,
-    /// Accept a tier from a header, which only a proxy in front may set.
-    pub trust_header: Option<bool>,
-    pub tiers: Option<Spanned<BTreeMap<String, RawTier>>>,
-    /// `[limits.NAME.ban]`: a key refused often is refused entirely for a while.
-    pub ban: Option<Spanned<RawBan>>,
-}
-
-/// `[limits.NAME.ban]`: `after` refusals within `within` ban the key for `duration`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawBan {
-    pub after: Spanned<i64>,
-    pub within: Spanned<HumanDuration>,
-    pub duration: Spanned<HumanDuration>,
-}
-
-/// `tier = { jwt_claim = "plan" }` or `tier = { header = "x-plan" }`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawTierSource {
-    pub jwt_claim: Option<String>,
-    pub header: Option<String>,
-}
-
-/// An entry of `[limits.X.tiers]`: `"exempt"`, or the numbers that replace the limit's own.
-#[derive(Debug)]
-pub enum RawTier {
-    Exempt,
-    Numbers {
-        capacity: Option<f64>,
-        rate: Option<HumanRate>,
-        quota: Option<f64>,
-    },
-}
-
-impl<'de> Deserialize<'de> for RawTier {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Numbers {
-            capacity: Option<f64>,
-            rate: Option<HumanRate>,
-            quota: Option<f64>,
-        }
-
-        struct TierVisitor;
-
-        impl<'de> Visitor<'de> for TierVisitor {
-            type Value = RawTier;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("\"exempt\" or a table such as { capacity = 1000, rate = \"100/s\" }")
-            }
-
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<RawTier, E> {
-                match text {
-                    "exempt" => Ok(RawTier::Exempt),
-                    other => Err(E::custom(format!(
-                        "{other:?}: expected \"exempt\" or a table such as {{ capacity = 1000, rate = \"100/s\" }}"
-                    ))),
-                }
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawTier, A::Error> {
-                let numbers = Numbers::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(RawTier::Numbers {
-                    capacity: numbers.capacity,
-                    rate: numbers.rate,
-                    quota: numbers.quota,
-                })
-            }
-        }
-
-        deserializer.deserialize_any(TierVisitor)
-    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -42,7 +42,10 @@ fn write_header(out: &mut String, policy: &Policy) {
             "decision {} (forward-auth /decide, gRPC rate limit service; {} descriptor rules), refusing with {}, asked by {}",
             decision.listen,
             decision.descriptors.len(),
-            decision.refuse_status.as_u16(),
+            decision.refuse_status.map_or_else(
+                || "each limit's refusal status (429 by default)".to_owned(),
+                |status| status.as_u16().to_string()
+            ),
             allow.join(", ")
         );
         for rule in &decision.descriptors {

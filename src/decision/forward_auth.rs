@@ -197,8 +197,9 @@ impl Serving for Asked {
             .policy
             .decision
             .as_ref()
-            .map(|decision| decision.refuse_status);
-        respond::forward_auth_rejection(reject, mode, refuse_status, reports, fields)
+            .and_then(|decision| decision.refuse_status);
+        let shape = runtime.refusal_shape(reports);
+        respond::forward_auth_rejection(reject, mode, (refuse_status, shape), reports, fields)
     }
 
     fn answered(

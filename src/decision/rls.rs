@@ -20,7 +20,6 @@ use crate::config::{HeaderMode, StoreFailurePolicy};
 use crate::connection::RequestBody;
 use crate::gateway::access_log::{Exchange, Listener};
 use crate::gateway::accounting::BucketAccount;
-use crate::gateway::slots::SlotRequests;
 use crate::gateway::{Buckets, Gateway, Requested};
 use crate::grpc::{self, Code};
 use crate::in_flight::RequestInFlight;
@@ -155,6 +154,8 @@ fn requested<'r>(
     call: &RateLimitRequest,
 ) -> Result<(Vec<Option<(&'r ServedRule, usize)>>, Requested<'r>), DescriptorError> {
     let load_factor = gateway.shared.load.factor();
+    let overrides = gateway.shared.overrides.table();
+    let mut noted = Requested::new();
     let mut calendar_time = None;
     let mut matched = Vec::with_capacity(call.descriptors.len());
     let mut buckets = Buckets::new();
@@ -177,10 +178,18 @@ fn requested<'r>(
         };
         let calendar_now =
             || *calendar_time.get_or_insert_with(|| gateway.shared.store.calendar_now());
-        let Some(mut charge) = rule.limit.charge(None, cost, load_factor, calendar_now) else {
+        let overridden = gateway.overridden(&overrides, &rule.limit, &parts);
+        let tier = overridden.map(|entry| entry.tier(&rule.limit));
+        let Some(mut charge) = rule
+            .limit
+            .charge(tier.as_ref(), cost, load_factor, calendar_now)
+        else {
             matched.push(None);
             continue;
         };
+        if overridden.is_some() {
+            noted.note_override(&rule.limit.name);
+        }
         // Envoy cannot be told to hold a request: a limit that delays refuses here.
         charge.debt = 0.0;
         let served = &decision.rules[index];
@@ -189,8 +198,8 @@ fn requested<'r>(
         bucket.adaptive = None;
         buckets.push(&served.applied, bucket);
     }
-    let slots = SlotRequests::new();
-    Ok((matched, Requested { buckets, slots }))
+    noted.buckets = buckets;
+    Ok((matched, noted))
 }
 
 /// One descriptor's status: OK without a limit when it matched no rule; else its limit's

@@ -55,6 +55,8 @@ pub(crate) struct Exchange<'r> {
     /// Each applied limit's store key (`per_account=h:3f9a…,per_network=v4:…/32`): hashed,
     /// never a clear value, and what a replay of the log keys its buckets by.
     pub(crate) keys: Option<String>,
+    /// The limits decided under an operator's override (`per_org`).
+    pub(crate) overridden: Option<String>,
     pub(crate) upstream: Option<Duration>,
     pub(crate) request_id: RequestId,
     /// The counter of the outcome the request was admitted with, until the answer is known:
@@ -87,6 +89,7 @@ impl<'r> Exchange<'r> {
             cause: None,
             limit: None,
             keys: None,
+            overridden: None,
             upstream: None,
             request_id,
             admitted_as: None,
@@ -132,6 +135,7 @@ impl<'r> Exchange<'r> {
             cause: self.cause,
             limit: self.limit.take(),
             keys: self.keys.take(),
+            overridden: self.overridden.take(),
             upstream: self.upstream,
             request_id: self.request_id.clone(),
             admitted_as: None,
@@ -210,6 +214,7 @@ fn write(exchange: &Exchange<'_>, status: StatusCode) {
         cause = exchange.cause.map_or("", Cause::as_str),
         limit,
         keys,
+        "override" = exchange.overridden.as_deref().unwrap_or(""),
         duration_ms = exchange.started.map_or(-1.0, |started| milliseconds(clock::elapsed(started))),
         upstream_ms,
         request_id = exchange.request_id.as_str(),

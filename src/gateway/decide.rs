@@ -76,9 +76,11 @@ impl Gateway {
         let Requested {
             buckets,
             slots: slot_requests,
+            overridden,
         } = requested;
         if access_log::enabled() {
             exchange.keys = Some(access_log::keys(buckets.requests()));
+            exchange.overridden.clone_from(overridden);
         }
         let refused =
             |exchange: &mut Exchange<'_>, reports: &Reports<'r>| refusal(route, exchange, reports);

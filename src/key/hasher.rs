@@ -28,8 +28,8 @@ impl KeyHasher {
         }
     }
 
-    /// A key that lives as long as the process (enough for the memory store).
-    pub fn random() -> KeyHasher {
+    /// A new random secret, as 64 hexadecimal digits (for a hasher whose secret is kept).
+    pub fn random_secret() -> String {
         let mut secret = [0u8; 32];
         if getrandom::getrandom(&mut secret).is_err() {
             // Without an entropy source, fall back to values that still differ per process.
@@ -38,9 +38,16 @@ impl KeyHasher {
                 crate::limit::clock::system_time(),
                 std::process::id()
             );
-            return KeyHasher::from_secret(fallback.as_bytes());
+            secret = blake3::hash(fallback.as_bytes()).into();
         }
-        KeyHasher::from_secret(&secret)
+        let mut hex = [0u8; 64];
+        crate::hex::write_hex(&secret, &mut hex);
+        String::from_utf8_lossy(&hex).into_owned()
+    }
+
+    /// A key that lives as long as the process (enough for the memory store).
+    pub fn random() -> KeyHasher {
+        KeyHasher::from_secret(Self::random_secret().as_bytes())
     }
 
     /// The value's keyed digest. A flood sends one key again and again, and hashing it is the

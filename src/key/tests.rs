@@ -340,3 +340,84 @@ fn header_values_are_trimmed_alike_in_ascii_and_beyond() {
     assert_ne!(key(b"b\xf3b"), bob, "bytes that are not UTF-8 still key");
     assert_eq!(key(b" \t "), None, "only blanks: missing");
 }
+
+#[test]
+fn carried_numbers_are_read_cut_to_max_and_default_when_absent_or_malformed() {
+    std::env::set_var("TOLLGATE_TEST_CARRIED_SECRET", "c".repeat(32));
+    let policy = policy(
+        "[auth.jwt]\nsecret_env = \"TOLLGATE_TEST_CARRIED_SECRET\"\n[limits.org]\nkey = { jwt_claim = \"org\" }\ncapacity = { jwt_claim = \"rl.capacity\", default = 100, max = 10000 }\nrate = { jwt_claim = \"rl.rate\", default = \"10/s\", max = \"1000/s\" }\n[limits.quota]\nkey = { header = \"x-org\" }\nquota = { header = \"x-quota\", trust_header = true, default = 50, max = 500 }\nperiod = \"day\"\n",
+    );
+    let org = policy.limit("org").unwrap();
+    let carried = org.carried.as_ref().unwrap();
+    assert_eq!(org.capacity, 100.0, "the default is the limit's own number");
+    let headers = HeaderMap::new();
+    let decided = |json: serde_json::Value| {
+        let claims = json.as_object().unwrap().clone();
+        let facts = RequestFacts::new("192.0.2.1".parse().unwrap(), &headers, None, None)
+            .with_claims(Some(&claims));
+        match carried_tier(org, carried, &facts) {
+            Tier::Bucket { capacity, rate } => (capacity, rate.per_second()),
+            Tier::Exempt => panic!("never exempt"),
+        }
+    };
+    assert_eq!(
+        decided(serde_json::json!({"rl": {"capacity": 5000, "rate": "500/s"}})),
+        (5000.0, 500.0)
+    );
+    assert_eq!(
+        decided(serde_json::json!({"rl": {"capacity": "250", "rate": 20}})),
+        (250.0, 20.0),
+        "text and tokens per second"
+    );
+    assert_eq!(
+        decided(serde_json::json!({"rl": {"capacity": 1e9, "rate": "1e9/s"}})).0,
+        10000.0,
+        "cut to max"
+    );
+    assert_eq!(
+        decided(serde_json::json!({"rl": {"rate": "5000/s"}})),
+        (100.0, 1000.0),
+        "cut to max"
+    );
+    assert_eq!(
+        decided(serde_json::json!({})),
+        (100.0, 10.0),
+        "absent: the defaults"
+    );
+    assert_eq!(
+        decided(serde_json::json!({"rl": {"capacity": -5, "rate": "fast"}})),
+        (100.0, 10.0),
+        "malformed"
+    );
+    assert_eq!(
+        decided(serde_json::json!({"rl": {"capacity": 0, "rate": {"n": 1}}})),
+        (100.0, 10.0)
+    );
+    assert_eq!(
+        decided(serde_json::json!({"rl": {"capacity": 10000, "rate": "1/d"}})),
+        (100.0, 10.0),
+        "more than 10 years to fill: the defaults"
+    );
+
+    let quota = policy.limit("quota").unwrap();
+    let counted = |values: &[&str]| {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append("x-quota", value.parse().unwrap());
+        }
+        let facts = RequestFacts::new("192.0.2.1".parse().unwrap(), &headers, None, None);
+        match carried_tier(quota, quota.carried.as_ref().unwrap(), &facts) {
+            Tier::Bucket { capacity, rate } => (capacity, rate.period),
+            Tier::Exempt => panic!("never exempt"),
+        }
+    };
+    assert_eq!(counted(&["200"]).0, 200.0);
+    assert_eq!(
+        counted(&["200"]).1,
+        quota.rate.period,
+        "spread over the same period"
+    );
+    assert_eq!(counted(&["9000"]).0, 500.0);
+    assert_eq!(counted(&[]).0, 50.0);
+    assert_eq!(counted(&["200", "300"]).0, 50.0, "sent twice: unclear");
+}

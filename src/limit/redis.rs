@@ -33,6 +33,7 @@ mod cluster;
 mod decide_call;
 mod key_admin;
 pub(crate) mod keys;
+mod overrides;
 mod refund;
 mod server_clock;
 mod slots;
@@ -105,6 +106,9 @@ pub struct RedisStore {
     /// Whether this replica is subscribed to the reset channel: the deny cache remembers
     /// refusals only while it would hear a reset that lifts them.
     hearing_resets: AtomicBool,
+    /// Told when another replica changed the overrides, or when changes may have gone
+    /// unheard (the subscription began again).
+    overrides_changed: tokio::sync::Notify,
     clock: Clock,
     deny_cache_refusals: AtomicU64,
     /// Decisions on a single node go out in batches.
@@ -214,6 +218,7 @@ impl RedisStore {
             breaker: Breaker::new(clock.clone()),
             deny_cache: DenyCache::default(),
             hearing_resets: AtomicBool::new(false),
+            overrides_changed: tokio::sync::Notify::new(),
             clock,
             deny_cache_refusals: AtomicU64::new(0),
             batcher: Batcher::new(),

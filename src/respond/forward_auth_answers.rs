@@ -9,7 +9,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use super::{add_ratelimit_headers, bad_request, rejection, FieldValue, SetFields};
 use crate::body::Body;
-use crate::config::HeaderMode;
+use crate::config::{HeaderMode, Refusal};
 use crate::reject::{refusing, LimitReport, Reject};
 
 /// The route that decided (`none` when no route matched), on every answer.
@@ -36,13 +36,14 @@ pub fn forward_auth_admitted(
     Response::new(Body::empty())
 }
 
-/// The answer to a request the phases ended early: a refusal with `refuse_status` and the
-/// limits that refused, 200 for a request no route decides, anything else as the proxy
-/// listener answers it.
+/// The answer to a request the phases ended early: a refusal (shaped as the refusing limit's
+/// `[limits.NAME.refusal]` says, with `refuse_status` when it is set) naming the limits that
+/// refused, 200 for a request no route decides, anything else as the proxy listener answers
+/// it.
 pub fn forward_auth_rejection(
     reject: Reject,
     mode: HeaderMode,
-    refuse_status: Option<StatusCode>,
+    (refuse_status, shape): (Option<StatusCode>, Option<&Refusal>),
     reports: &[LimitReport<'_>],
     fields: &mut SetFields,
 ) -> Response<Body> {
@@ -50,13 +51,13 @@ pub fn forward_auth_rejection(
         Reject::NoRoute => Response::new(Body::empty()),
         Reject::Limited | Reject::Banned => {
             fields.set(&X_TOLLGATE_LIMIT, FieldValue::Text(refusing(reports)));
-            let mut response = rejection(reject, mode, reports, fields);
+            let mut response = rejection(reject, mode, shape, reports, fields);
             if let Some(status) = refuse_status {
                 *response.status_mut() = status;
             }
             response
         }
-        other => rejection(other, mode, reports, fields),
+        other => rejection(other, mode, None, reports, fields),
     }
 }
 

@@ -23,7 +23,8 @@ pub fn grpc_rejection(
 ) -> Response<Body> {
     let message = reject.to_string();
     let limited = matches!(reject, Reject::Limited | Reject::Banned);
-    let answer = rejection(reject, mode, reports, fields);
+    // gRPC refusals keep their own shape: RESOURCE_EXHAUSTED.
+    let answer = rejection(reject, mode, None, reports, fields);
     let code = grpc::Code::for_status(answer.status());
     let mut response = Response::new(Body::empty());
     let mut headers = answer.into_parts().0.headers;

@@ -69,13 +69,13 @@ pub(super) fn compile_decision(
             .filter(|code| (400..=599).contains(code))
             .and_then(|code| StatusCode::from_u16(code).ok())
         {
-            Some(status) => status,
+            Some(status) => Some(status),
             None => {
                 errors.at(Some(status.span()), "decision.refuse_status", format!("{} is not a refusal: expected a status from 400 to 599, such as 429 (or 403 for nginx's auth_request)", status.get_ref()));
-                StatusCode::TOO_MANY_REQUESTS
+                None
             }
         },
-        None => StatusCode::TOO_MANY_REQUESTS,
+        None => None,
     };
     let mut descriptors: Vec<DescriptorRule> = Vec::with_capacity(raw.descriptors.len());
     for (index, rule) in raw.descriptors.into_iter().enumerate() {
@@ -234,7 +234,7 @@ mod tests {
         assert!(decision.allows("::1".parse().unwrap()));
         assert!(decision.allows("::ffff:127.0.0.1".parse().unwrap()));
         assert!(!decision.allows("10.0.0.1".parse().unwrap()));
-        assert_eq!(decision.refuse_status, 429);
+        assert_eq!(decision.refuse_status, None, "each limit's, else 429");
     }
 
     #[test]
@@ -243,7 +243,7 @@ mod tests {
         let decision = policy.decision.unwrap();
         assert!(decision.allows("192.0.2.7".parse().unwrap()));
         assert!(!decision.allows("127.0.0.1".parse().unwrap()));
-        assert_eq!(decision.refuse_status, 403);
+        assert_eq!(decision.refuse_status, Some(http::StatusCode::FORBIDDEN));
         let rule = &decision.descriptors[0];
         assert_eq!(rule.entries[0].value.as_deref(), Some("login"));
         assert_eq!(rule.entries[1].key, "remote_address");

@@ -17,13 +17,18 @@ pub(super) fn compile_limit(
     name: String,
     raw: Spanned<raw::RawLimit>,
     client_ip: &ClientIpSettings,
-    jwt_configured: bool,
+    (jwt_configured, base): (bool, Option<&std::path::Path>),
     errors: &mut Errors<'_>,
 ) -> Option<Limit> {
     let key = format!("limits.{name}");
     let span = raw.span();
     let mut raw = raw.into_inner();
     let jwt = jwt_configured;
+    let refusal = raw
+        .refusal
+        .take()
+        .and_then(|refusal| super::refusal::compile_refusal(refusal, &key, base, errors))
+        .map(Arc::new);
     check_name(&name, &key, span.clone(), errors);
     let Counted {
         concurrency,
@@ -34,20 +39,15 @@ pub(super) fn compile_limit(
     } = compile_counted(&raw, &key, span.clone(), errors)?;
     let ban = compile_ban(&raw, &key, concurrency.is_some(), errors);
     let lease = compile_lease(&raw, &key, (capacity, rate), max_delay.is_some(), errors);
-    let adaptive = raw
-        .adaptive
-        .take()
-        .map(|adaptive| penalties::compile_adaptive(adaptive, &key, capacity, errors));
-    let charge_on_status = raw
-        .charge_on_status
-        .take()
-        .map(|charges| penalties::compile_charges(charges, &key, errors))
-        .unwrap_or_default();
-    if calendar.is_some() && (adaptive.is_some() || !charge_on_status.is_empty()) {
+    let quota = calendar.is_some();
+    let (adaptive, charge_on_status) =
+        penalties::compile_penalties(&mut raw, &key, (capacity, quota), span.clone(), errors);
+    let carried = super::carried::compile_carried(&raw, &key, jwt, errors);
+    if carried.is_some() && (raw.tier.is_some() || raw.tiers.is_some()) {
         errors.at(
             Some(span.clone()),
-            key.clone(),
-            "a calendar quota takes no adaptive penalty or charge_on_status: it counts requests per period; put those on a token bucket beside it",
+            format!("{key}.tier"),
+            "a limit whose numbers the request carries takes no tiers: the request's numbers are its plan",
         );
     }
     let key_sources = compile_key_sources(&raw.key, &key, jwt, errors);
@@ -86,6 +86,8 @@ pub(super) fn compile_limit(
         max_delay,
         lease,
         ban,
+        refusal,
+        carried,
     };
     limit.fingerprint = definition_fingerprint(&limit);
     Some(limit)

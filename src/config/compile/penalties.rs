@@ -18,7 +18,35 @@ fn status_code(value: i64) -> Option<u16> {
         .filter(|status| (100..=599).contains(status))
 }
 
-pub(super) fn compile_adaptive(
+/// A limit's `[adaptive]` penalty and its charges by status: a token bucket's, never a
+/// calendar quota's.
+pub(super) fn compile_penalties(
+    raw: &mut raw::RawLimit,
+    key: &str,
+    (capacity, quota): (f64, bool),
+    span: std::ops::Range<usize>,
+    errors: &mut Errors<'_>,
+) -> (Option<crate::config::Adaptive>, Vec<(u16, f64)>) {
+    let adaptive = raw
+        .adaptive
+        .take()
+        .map(|adaptive| compile_adaptive(adaptive, key, capacity, errors));
+    let charge_on_status = raw
+        .charge_on_status
+        .take()
+        .map(|charges| compile_charges(charges, key, errors))
+        .unwrap_or_default();
+    if quota && (adaptive.is_some() || !charge_on_status.is_empty()) {
+        errors.at(
+            Some(span),
+            key.to_owned(),
+            "a calendar quota takes no adaptive penalty or charge_on_status: it counts requests per period; put those on a token bucket beside it",
+        );
+    }
+    (adaptive, charge_on_status)
+}
+
+fn compile_adaptive(
     raw: Spanned<raw::RawAdaptive>,
     key: &str,
     capacity: f64,
@@ -94,7 +122,7 @@ pub(super) fn compile_adaptive(
     }
 }
 
-pub(super) fn compile_charges(
+fn compile_charges(
     raw: Spanned<BTreeMap<String, f64>>,
     key: &str,
     errors: &mut Errors<'_>,

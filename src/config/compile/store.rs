@@ -8,7 +8,7 @@ use toml::Spanned;
 
 use super::{duration_or, resolve, Errors};
 use crate::config::raw;
-use crate::config::{Backend, RedisSettings, StoreSettings};
+use crate::config::{Backend, OverrideSettings, RedisSettings, StoreSettings};
 
 const DEFAULT_MAX_KEYS: i64 = 1_000_000;
 
@@ -57,6 +57,33 @@ pub(super) fn compile_store(
         hash_key,
         redis,
     }
+}
+
+/// `[overrides]`: the memory store's file (Redis keeps overrides itself), and the longest
+/// an override may last.
+pub(super) fn compile_overrides(
+    raw: raw::RawOverrides,
+    store: &StoreSettings,
+    base: Option<&Path>,
+    errors: &mut Errors<'_>,
+) -> OverrideSettings {
+    if let (Some(file), Backend::Redis) = (&raw.file, store.backend) {
+        errors.at(
+            Some(file.span()),
+            "overrides.file",
+            "with the redis backend, overrides live in Redis: remove file",
+        );
+    }
+    let file = raw.file.as_ref().map(|file| resolve(base, file.get_ref()));
+    let max_ttl = raw.max_ttl.map(|max_ttl| {
+        let span = max_ttl.span();
+        let max_ttl = max_ttl.into_inner().0;
+        if max_ttl.is_zero() {
+            errors.at(Some(span), "overrides.max_ttl", "must be longer than zero");
+        }
+        max_ttl
+    });
+    OverrideSettings { file, max_ttl }
 }
 
 /// The Redis backend's settings; `None` (and an error) without a usable url.

@@ -31,7 +31,8 @@ pub(super) fn compile_amount(
                     "a timezone places a calendar quota's periods: it needs quota and period",
                 );
             }
-            let (value, rate) = (*capacity.get_ref(), rate.get_ref().0);
+            let value = number(capacity, &format!("{key}.capacity"), errors)?;
+            let rate = number(rate, &format!("{key}.rate"), errors)?.0;
             if !(value.is_finite() && value > 0.0) {
                 errors.at(Some(capacity.span()), format!("{key}.capacity"), format!("{value} is out of range: a capacity (burst, in tokens) must be greater than zero"));
             } else if value > MAX_EXACT_TOKENS {
@@ -45,7 +46,7 @@ pub(super) fn compile_amount(
             Some((value, rate, None))
         }
         (None, None, Some(quota), Some(period)) => {
-            let value = *quota.get_ref();
+            let value = number(quota, &format!("{key}.quota"), errors)?;
             if !is_token_count(value) {
                 errors.at(Some(quota.span()), format!("{key}.quota"), format!("{value} is out of range: a quota is more than 0 and at most 2^53 requests (or cost) per period"));
             }
@@ -69,6 +70,24 @@ pub(super) fn compile_amount(
             None
         }
     }
+}
+
+/// A number as written, or the `default` of one the request carries (required: the number
+/// of requests that carry none).
+fn number<T: Clone>(
+    raw: &Spanned<raw::RawNumber<T>>,
+    key: &str,
+    errors: &mut Errors<'_>,
+) -> Option<T> {
+    let value = raw.get_ref().value();
+    if value.is_none() {
+        errors.at(
+            Some(raw.span()),
+            format!("{key}.default"),
+            "a number the request carries needs a default: the number of requests that carry none",
+        );
+    }
+    value
 }
 
 fn nominal_length(period: Period) -> std::time::Duration {

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use http::Method;
 
 use super::decision;
-use crate::config::{KeySource, Limit, PathMatch, Policy, Route, TierSource};
+use crate::config::{
+    CarriedNumbers, KeySource, Limit, NumberSource, PathMatch, Policy, Route, TierSource,
+};
 
 /// Every warning of `policy`, in the order `check` prints them.
 pub(super) fn warnings(policy: &Policy) -> Vec<String> {
@@ -35,6 +37,9 @@ pub(super) fn warnings(policy: &Policy) -> Vec<String> {
             && route.methods.is_none()
             && route.path == PathMatch::Prefix("/".to_owned())
     });
+    if policy.store.redis.is_none() && policy.overrides.file.is_none() {
+        warnings.push("overrides set through the admin API end with the process: set [overrides] file to keep them across restarts".to_owned());
+    }
     if !catch_all {
         warnings.push("no catch-all route (path_prefix = \"/\"): requests that match no route get 404 from the gateway".to_owned());
     }
@@ -74,6 +79,12 @@ fn limit_warnings(policy: &Policy, warnings: &mut Vec<String>) {
         }
         if let Some(TierSource::Header(name)) = &limit.tier {
             warnings.push(format!("limit {:?} takes its tier from the {name} header: a client that can set it picks its own tier, so only a proxy in front must set it (and remove what clients send)", limit.name));
+        }
+        let carried_headers = limit.carried.iter().flat_map(CarriedNumbers::sources);
+        for (number, source) in carried_headers {
+            if let (NumberSource::Header(name), false) = (source, policy.server.listen.is_empty()) {
+                warnings.push(format!("limit {:?} reads its {number} from the {name} header on a proxy listener: any client can write it; max is the most it gets", limit.name));
+            }
         }
     }
 }

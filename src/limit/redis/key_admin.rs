@@ -58,6 +58,11 @@ fn reset_channel(prefix: &str) -> String {
     format!("{prefix}resets")
 }
 
+/// The channel changes of the overrides are announced on.
+pub(super) fn overrides_channel(prefix: &str) -> String {
+    format!("{prefix}overrides")
+}
+
 impl RedisStore {
     pub(super) fn store_key(&self, key: &BucketKey<'_>) -> String {
         super::StoreKeys::new(&self.prefix, std::iter::once(key))[0].to_owned()
@@ -68,6 +73,15 @@ impl RedisStore {
         command: redis::Cmd,
     ) -> Result<T, StoreError> {
         self.calls.inc();
+        self.query_uncounted(command).await
+    }
+
+    /// A call that `tollgate_store_calls_total` does not count: the overrides' version, read
+    /// four times a second whatever the traffic.
+    pub(super) async fn query_uncounted<T: redis::FromRedisValue + Send>(
+        &self,
+        command: redis::Cmd,
+    ) -> Result<T, StoreError> {
         let result = match &self.connection {
             Connection::Single(manager) => command.query_async(&mut manager.clone()).await,
             Connection::Cluster(_) => command.query_async(&mut self.cluster().await?).await,
@@ -136,7 +150,9 @@ impl RedisStore {
     }
 
     /// Listens for resets published by any replica and forgets their keys in the deny cache,
-    /// until the store is dropped. Reconnects (to each node in turn) when the connection ends.
+    /// and for changes of the overrides, until the store is dropped. Reconnects (to each node
+    /// in turn) when the connection ends; each new subscription counts as a change of the
+    /// overrides, since one may have gone unheard.
     pub(crate) async fn follow_resets(store: std::sync::Weak<RedisStore>) {
         let mut attempt = 0usize;
         loop {
@@ -149,18 +165,23 @@ impl RedisStore {
             };
             attempt += 1;
             if let Ok(mut pubsub) = client.get_async_pubsub().await {
-                if pubsub.subscribe(reset_channel(&prefix)).await.is_ok() {
+                let overrides = overrides_channel(&prefix);
+                let channels = [reset_channel(&prefix), overrides.clone()];
+                if pubsub.subscribe(&channels).await.is_ok() {
                     let Some(redis) = store.upgrade() else {
                         return;
                     };
                     redis.hearing_resets.store(true, Ordering::Release);
+                    redis.overrides_changed.notify_one();
                     drop(redis);
                     let mut messages = pubsub.into_on_message();
                     while let Some(message) = messages.next().await {
                         let Some(redis) = store.upgrade() else {
                             return;
                         };
-                        if let Ok(key) = message.get_payload::<String>() {
+                        if message.get_channel_name() == overrides {
+                            redis.overrides_changed.notify_one();
+                        } else if let Ok(key) = message.get_payload::<String>() {
                             redis.deny_cache.forget(&key);
                             redis.leases.forget(&key);
                         }

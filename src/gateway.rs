@@ -91,8 +91,8 @@ pub(crate) type Buckets<'r> = Applied<'r, BucketRequest<'r>>;
 pub(crate) struct Requested<'r> {
     pub(crate) buckets: Buckets<'r>,
     pub(crate) slots: SlotRequests<'r>,
-    /// The limits decided under an override (`per_org,per_ip`), for the access log.
-    pub(crate) overridden: Option<String>,
+    /// The limits decided under an override, for the access log.
+    pub(crate) overridden: smallvec::SmallVec<[&'r str; 2]>,
 }
 
 impl Requested<'_> {
@@ -100,16 +100,8 @@ impl Requested<'_> {
         Requested {
             buckets: Buckets::new(),
             slots: SlotRequests::new(),
-            overridden: None,
+            overridden: smallvec::SmallVec::new(),
         }
-    }
-
-    pub(crate) fn note_override(&mut self, limit: &str) {
-        let names = self.overridden.get_or_insert_with(String::new);
-        if !names.is_empty() {
-            names.push(',');
-        }
-        names.push_str(limit);
     }
 }
 
@@ -458,7 +450,7 @@ impl Gateway {
             };
             let overridden = self.overridden(&overrides, limit, &key_parts);
             if overridden.is_some() {
-                requested.note_override(&limit.name);
+                requested.overridden.push(&limit.name);
             }
             if let Some(concurrency) = limit.concurrency {
                 let slots = match overridden {

@@ -156,10 +156,15 @@ impl Override {
     }
 }
 
+/// One limit's overrides, by key.
+type Keys = HashMap<KeyParts, Arc<Override>, foldhash::quality::RandomState>;
+
 /// Every override, by limit and key: what requests look up, replaced whole on each change.
+/// The limits are few and found by name without hashing it; a key is hashed only in a limit
+/// that has overrides.
 #[derive(Debug, Default, Clone)]
 pub struct Table {
-    limits: HashMap<Arc<str>, HashMap<KeyParts, Arc<Override>>>,
+    limits: Vec<(Arc<str>, Keys)>,
 }
 
 impl Table {
@@ -179,13 +184,21 @@ impl Table {
     /// limit since redefined as another kind is not its any more), in force or not.
     #[inline]
     pub fn find(&self, limit: &Limit, parts: &KeyParts) -> Option<&Arc<Override>> {
-        let found = self.limits.get(&*limit.name)?.get(parts)?;
+        let found = self.keys(&limit.name)?.get(parts)?;
         (found.kind == LimitKind::of(limit)).then_some(found)
     }
 
     /// The override of the limit named `limit` for the key `parts`, whatever its kind.
     pub fn get(&self, limit: &str, parts: &KeyParts) -> Option<&Arc<Override>> {
-        self.limits.get(limit)?.get(parts)
+        self.keys(limit)?.get(parts)
+    }
+
+    #[inline]
+    fn keys(&self, limit: &str) -> Option<&Keys> {
+        self.limits
+            .iter()
+            .find(|(name, _)| **name == *limit)
+            .map(|(_, keys)| keys)
     }
 
     /// The override of `limit`'s key `parts` in force at `now`.
@@ -232,21 +245,30 @@ impl Table {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Override>> {
-        self.limits.values().flat_map(HashMap::values)
+        self.limits.iter().flat_map(|(_, keys)| keys.values())
     }
 
     fn insert(&mut self, entry: Arc<Override>) -> Option<Arc<Override>> {
-        self.limits
-            .entry(Arc::from(entry.limit.as_str()))
-            .or_default()
-            .insert(entry.parts.clone(), entry)
+        let at = match self
+            .limits
+            .iter()
+            .position(|(name, _)| **name == *entry.limit)
+        {
+            Some(at) => at,
+            None => {
+                self.limits
+                    .push((Arc::from(entry.limit.as_str()), Keys::default()));
+                self.limits.len() - 1
+            }
+        };
+        self.limits[at].1.insert(entry.parts.clone(), entry)
     }
 
     fn remove(&mut self, limit: &str, parts: &KeyParts) -> Option<Arc<Override>> {
-        let keys = self.limits.get_mut(limit)?;
-        let removed = keys.remove(parts);
-        if keys.is_empty() {
-            self.limits.remove(limit);
+        let at = self.limits.iter().position(|(name, _)| **name == *limit)?;
+        let removed = self.limits[at].1.remove(parts);
+        if self.limits[at].1.is_empty() {
+            self.limits.swap_remove(at);
         }
         removed
     }

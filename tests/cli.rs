@@ -182,6 +182,44 @@ async fn json_logs_one_access_line_per_request_and_sigterm_exits_0() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_override_is_logged_and_named_on_the_access_lines_it_decides() {
+    let upstream = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    write(&file, &policy(upstream.address, 1));
+    let process = run_with_json_logs(&file);
+    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
+    let admin = process.wait_for(false, |line| line.contains("admin listening"));
+    let client = HttpClient::new(address_in(&listening));
+    let admin = HttpClient::new(address_in(&admin));
+    let put = admin
+        .send(
+            "PUT",
+            "/overrides/per_network?key=127.0.0.1",
+            &[],
+            bytes::Bytes::from(r#"{"capacity": 3, "reason": "load test"}"#),
+        )
+        .await;
+    assert_eq!(put.status, 200);
+    let changed = process.wait_for(false, |line| line.contains("tollgate::overrides"));
+    let changed: serde_json::Value = serde_json::from_str(&changed).unwrap();
+    assert_eq!(changed["action"], "set");
+    assert_eq!(changed["limit"], "per_network");
+    assert_eq!(changed["key"], "v4:127.0.0.1/32");
+    assert_eq!(changed["before"], "null");
+    assert!(changed["after"]
+        .as_str()
+        .unwrap()
+        .contains("\"capacity\":3.0"));
+    assert_eq!(changed["reason"], "load test");
+    assert_eq!(changed["by"], "127.0.0.1");
+    assert_eq!(client.get("/", &[]).await.status, 200);
+    let line = process.wait_for(false, |line| line.contains("tollgate::access"));
+    let access: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(access["override"], "per_network", "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn sighup_reloads_a_valid_file_and_keeps_serving_on_an_invalid_one() {
     let upstream = start_upstream().await;
     let dir = tempfile::tempdir().unwrap();

@@ -188,7 +188,7 @@ fn requested<'r>(
             continue;
         };
         if overridden.is_some() {
-            noted.note_override(&rule.limit.name);
+            noted.overridden.push(&rule.limit.name);
         }
         // Envoy cannot be told to hold a request: a limit that delays refuses here.
         charge.debt = 0.0;

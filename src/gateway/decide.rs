@@ -80,7 +80,9 @@ impl Gateway {
         } = requested;
         if access_log::enabled() {
             exchange.keys = Some(access_log::keys(buckets.requests()));
-            exchange.overridden.clone_from(overridden);
+            if !overridden.is_empty() {
+                exchange.overridden = Some(overridden.join(","));
+            }
         }
         let refused =
             |exchange: &mut Exchange<'_>, reports: &Reports<'r>| refusal(route, exchange, reports);

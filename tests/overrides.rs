@@ -431,16 +431,60 @@ async fn the_memory_stores_file_keeps_overrides_across_a_restart() {
     assert!(error.to_string().contains("overrides.json"), "{error}");
 }
 
+fn redis_store(url: &str) -> String {
+    format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{url}\"\nhash_key = \"override-test-secret-0123\"\n"
+    )
+}
+
+/// Waits until `admin`'s replica answers `path` with `status`.
+async fn until_answered(admin: &Admin, path: &str, status: u16) -> bool {
+    for _ in 0..500 {
+        if admin.call("GET", path, "").await.status == status {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// On a Redis Cluster the overrides' hash and version share a slot: a change on one replica
+/// reaches the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_keeps_overrides_for_every_replica() {
+    let cluster = common::redis_server::RedisCluster::start();
+    let upstream = start_upstream().await;
+    let text = policy(&redis_store(&cluster.url()));
+    let start = || async {
+        Tollgate::start(compile(&text, upstream.address), Options::default())
+            .await
+            .unwrap()
+    };
+    let (one, two) = (start().await, start().await);
+    let admin_one = Admin(HttpClient::new(one.admin_address));
+    let admin_two = Admin(HttpClient::new(two.admin_address));
+    let set = admin_one.put("acme", r#"{"capacity": 3}"#).await;
+    assert_eq!(set.status, 200, "{:?}", set.body);
+    assert!(until_answered(&admin_two, "/overrides/per_org?key=acme", 200).await);
+    let client = HttpClient::new(two.addresses[0]);
+    assert_eq!(statuses(&client, "acme", 4).await, [200, 200, 200, 429]);
+    assert_eq!(
+        admin_two
+            .call("DELETE", "/overrides/per_org?key=acme", "")
+            .await
+            .status,
+        204
+    );
+    assert!(until_answered(&admin_one, "/overrides/per_org?key=acme", 404).await);
+}
+
 /// Two replicas on one real `redis-server`: a change made on one is in force on the other
 /// without a request to it, and both keep it across a restart of both.
 #[tokio::test]
 async fn every_replica_sees_a_change_and_a_restart_keeps_it() {
     let redis = common::redis_server::RedisServer::start();
     let upstream = start_upstream().await;
-    let store = format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{}\"\nhash_key = \"override-test-secret-0123\"\n",
-        redis.url()
-    );
+    let store = redis_store(&redis.url());
     let text = policy(&store);
     let start = || async {
         Tollgate::start(compile(&text, upstream.address), Options::default())
@@ -459,20 +503,10 @@ async fn every_replica_sees_a_change_and_a_restart_keeps_it() {
     // Exempted on one; the other replica's deny cache forgets its refusal with the change.
     let raised = admin_one.put("acme", r#"{"exempt": true}"#).await;
     assert_eq!(raised.status, 200, "{:?}", raised.body);
-    let mut seen = false;
-    for _ in 0..200 {
-        if admin_two
-            .call("GET", "/overrides/per_org?key=acme", "")
-            .await
-            .status
-            == 200
-        {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(seen, "the other replica reads the change");
+    assert!(
+        until_answered(&admin_two, "/overrides/per_org?key=acme", 200).await,
+        "the other replica reads the change"
+    );
     assert_eq!(statuses(&client_two, "acme", 3).await, [200; 3]);
     assert_eq!(statuses(&client_one, "acme", 3).await, [200; 3]);
     // A faster rate, set on one: the other's remembered refusal (an hour's wait at the old
@@ -482,20 +516,12 @@ async fn every_replica_sees_a_change_and_a_restart_keeps_it() {
         admin_one.put("beta", r#"{"rate": "3600/s"}"#).await.status,
         200
     );
-    let mut admitted = false;
-    for _ in 0..200 {
-        if admin_two
-            .call("GET", "/overrides/per_org?key=beta", "")
-            .await
-            .status
-            == 200
-        {
-            admitted = api(&client_two, "beta").await == 200;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(admitted, "refilled at the new rate on the other replica");
+    assert!(until_answered(&admin_two, "/overrides/per_org?key=beta", 200).await);
+    assert_eq!(
+        api(&client_two, "beta").await,
+        200,
+        "refilled at the new rate on the other replica"
+    );
     eventually("both gauges count them", || {
         [&one, &two].iter().all(|replica| {
             metric(
@@ -527,20 +553,10 @@ async fn every_replica_sees_a_change_and_a_restart_keeps_it() {
         204
     );
     let admin_one = Admin(HttpClient::new(one.admin_address));
-    let mut gone = false;
-    for _ in 0..200 {
-        if admin_one
-            .call("GET", "/overrides/per_org?key=acme", "")
-            .await
-            .status
-            == 404
-        {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(gone, "the other replica reads the delete");
+    assert!(
+        until_answered(&admin_one, "/overrides/per_org?key=acme", 404).await,
+        "the other replica reads the delete"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

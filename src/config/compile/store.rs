@@ -231,6 +231,47 @@ mod tests {
     const SECRET: &str = "hash_key = \"0123456789abcdef\"\n";
 
     #[test]
+    fn overrides_are_kept_in_a_file_beside_the_memory_store_only() {
+        let kept_nowhere = |policy: &crate::config::Policy| {
+            policy.warnings.iter().any(|warning| {
+                warning.contains("overrides set through the admin API end with the process")
+            })
+        };
+        assert!(kept_nowhere(&policy("")));
+        let kept =
+            policy("[overrides]\nfile = \"/var/lib/tollgate/overrides.json\"\nmax_ttl = \"90d\"\n");
+        assert!(!kept_nowhere(&kept));
+        assert_eq!(
+            kept.overrides.file.as_deref(),
+            Some(std::path::Path::new("/var/lib/tollgate/overrides.json"))
+        );
+        assert_eq!(
+            kept.overrides.max_ttl,
+            Some(Duration::from_secs(90 * 86_400))
+        );
+        let redis = policy(&format!(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n{SECRET}"
+        ));
+        assert!(!kept_nowhere(&redis), "Redis keeps them");
+        assert_eq!(
+            error(&format!("[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n{SECRET}[overrides]\nfile = \"o.json\"\n")).0,
+            "overrides.file"
+        );
+        assert_eq!(
+            error("[overrides]\nmax_ttl = \"0s\"\n").0,
+            "overrides.max_ttl"
+        );
+        assert_eq!(
+            error("[overrides]\nmax_ttl = \"soon\"\n").0,
+            "overrides.max_ttl"
+        );
+        assert_eq!(
+            error("[overrides]\nfiles = \"o.json\"\n").0,
+            "overrides.files"
+        );
+    }
+
+    #[test]
     fn memory_is_the_default_and_redis_needs_a_url_and_a_secret() {
         let memory = policy("");
         assert_eq!(memory.store.backend, Backend::Memory);

@@ -1,4 +1,4 @@
-//! The README's recipes, run as written: nginx (`auth_request`) and Caddy (`forward_auth`) from
+//! The docs' recipes (docs/decision.md), run as written: nginx (`auth_request`) and Caddy (`forward_auth`) from
 //! Debian's packages in front of an upstream, asking tollgate's decision listener. A client
 //! sees the limits hold (200s, then 429 with `Retry-After`), and rotating its own
 //! `X-Forwarded-For` does not get it out of them. `scripts/test.sh` installs both.
@@ -33,16 +33,23 @@ upstream = "app"
 limits = ["per_network"]
 "#;
 
-/// The fenced block of `language` in the README's "Use it from your proxy" section.
-fn readme_recipe(language: &str) -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    let section = readme
-        .split("## Use it from your proxy")
+/// The `index`th fenced block of `language` in docs/decision.md's tested recipes.
+fn recipe(language: &str, index: usize) -> String {
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/decision.md"))
+            .expect("docs/decision.md");
+    let section = docs
+        .split("### nginx and Caddy, as tested")
         .nth(1)
-        .expect("the README's \"Use it from your proxy\" section");
+        .and_then(|rest| rest.split("\n### ").next())
+        .expect("the docs' \"nginx and Caddy, as tested\" section");
     let fence = format!("```{language}\n");
-    let start = section.find(&fence).expect("the recipe") + fence.len();
+    let start = section
+        .match_indices(&fence)
+        .nth(index)
+        .expect("the recipe")
+        .0
+        + fence.len();
     let length = section[start..].find("```").expect("the recipe's end");
     section[start..start + length].to_owned()
 }
@@ -110,9 +117,11 @@ async fn start_tollgate(refuse_status: u16) -> (Tollgate, Upstream) {
 }
 
 /// Four requests from one client, each with another made-up `X-Forwarded-For`: three pass,
-/// the fourth is refused with a wait.
-async fn the_limit_holds(proxy: SocketAddr, upstream: &Upstream) {
+/// the fourth is refused with a wait (returned). With `told`, every answer carries the
+/// RateLimit headers tollgate gave.
+async fn the_limit_holds(proxy: SocketAddr, upstream: &Upstream, told: bool) -> Reply {
     let client = HttpClient::new(proxy);
+    let mut refusal = None;
     for n in 1..=4 {
         let forged = format!("198.51.100.{n}");
         let reply = client
@@ -133,22 +142,36 @@ async fn the_limit_holds(proxy: SocketAddr, upstream: &Upstream) {
             assert!((1..=3600).contains(&wait), "{wait}");
             assert_eq!(reply.json()["error"], "too_many_requests");
         }
+        if told {
+            let remaining = (3 - n.min(3)).to_string();
+            assert_eq!(reply.header("ratelimit-limit"), Some("3"), "request {n}");
+            assert_eq!(
+                reply.header("ratelimit-remaining"),
+                Some(remaining.as_str()),
+                "request {n}"
+            );
+            assert!(reply.header("ratelimit-reset").is_some(), "request {n}");
+        }
+        if n == 4 {
+            refusal = Some(reply);
+        }
     }
     assert_eq!(
         upstream.hits.load(std::sync::atomic::Ordering::Relaxed),
         3,
         "only admitted requests reach the upstream"
     );
+    refusal.expect("the fourth request")
 }
 
 #[tokio::test]
 async fn nginx_auth_request_asks_and_turns_403_into_429() {
-    // As the README says for nginx.
+    // As the docs say for nginx.
     let (gateway, upstream) = start_tollgate(403).await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let server = placed(
-        &readme_recipe("nginx"),
+        &recipe("nginx", 0),
         port,
         gateway.decision_address.unwrap(),
         upstream.address,
@@ -172,7 +195,7 @@ async fn nginx_auth_request_asks_and_turns_403_into_429() {
             .expect("nginx"),
     );
     listening(port, &mut nginx, &log).await;
-    the_limit_holds(SocketAddr::from(([127, 0, 0, 1], port)), &upstream).await;
+    the_limit_holds(SocketAddr::from(([127, 0, 0, 1], port)), &upstream, true).await;
     let scrape = gateway.render_metrics();
     assert_eq!(
         metric(
@@ -184,35 +207,69 @@ async fn nginx_auth_request_asks_and_turns_403_into_429() {
     gateway.shutdown().await;
 }
 
-#[tokio::test]
-async fn caddy_forward_auth_asks_and_passes_the_429_on() {
-    let (gateway, upstream) = start_tollgate(429).await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let site = placed(
-        &readme_recipe("caddyfile"),
-        port,
-        gateway.decision_address.unwrap(),
-        upstream.address,
-    );
+/// Caddy serving `site` (placed on `port`) in front of tollgate's decision listener and the
+/// upstream.
+async fn run_caddy(site: &str, port: u16, dir: &Path) -> Peer {
     let config = format!("{{\n\tadmin off\n\tauto_https off\n}}\n{site}");
-    let file = dir.path().join("Caddyfile");
+    let file = dir.join("Caddyfile");
     std::fs::write(&file, config).unwrap();
-    let log = dir.path().join("caddy.log");
+    let log = dir.join("caddy.log");
     let mut caddy = Peer(
         Command::new(program("caddy"))
             .args(["run", "--adapter", "caddyfile", "--config"])
             .arg(&file)
-            .env("HOME", dir.path())
-            .env("XDG_DATA_HOME", dir.path())
-            .env("XDG_CONFIG_HOME", dir.path())
+            .env("HOME", dir)
+            .env("XDG_DATA_HOME", dir)
+            .env("XDG_CONFIG_HOME", dir)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("caddy"),
     );
     listening(port, &mut caddy, &log).await;
-    the_limit_holds(SocketAddr::from(([127, 0, 0, 1], port)), &upstream).await;
+    caddy
+}
+
+#[tokio::test]
+async fn caddy_forward_auth_asks_and_passes_the_429_on() {
+    let (gateway, upstream) = start_tollgate(429).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let site = placed(
+        &recipe("caddyfile", 0),
+        port,
+        gateway.decision_address.unwrap(),
+        upstream.address,
+    );
+    let _caddy = run_caddy(&site, port, dir.path()).await;
+    let refused = the_limit_holds(SocketAddr::from(([127, 0, 0, 1], port)), &upstream, false).await;
+    assert_eq!(
+        refused.header("x-tollgate-limit"),
+        Some("per_network"),
+        "Caddy passes it on"
+    );
+    assert_eq!(refused.header("ratelimit-limit"), Some("3"));
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn caddy_drops_tollgates_own_fields_where_the_docs_say_how() {
+    let (gateway, upstream) = start_tollgate(429).await;
+    let dir = tempfile::tempdir().unwrap();
+    let dropping = recipe("caddyfile", 1);
+    let port = free_port();
+    let site = placed(
+        &recipe("caddyfile", 0),
+        port,
+        gateway.decision_address.unwrap(),
+        upstream.address,
+    )
+    .replacen("{\n", &format!("{{\n{dropping}"), 1);
+    let _caddy = run_caddy(&site, port, dir.path()).await;
+    let refused = the_limit_holds(SocketAddr::from(([127, 0, 0, 1], port)), &upstream, false).await;
+    assert_eq!(refused.header("x-tollgate-limit"), None);
+    assert_eq!(refused.header("x-tollgate-route"), None);
+    assert!(refused.header("retry-after").is_some());
     gateway.shutdown().await;
 }
 
@@ -238,12 +295,12 @@ fn the_deploy_example_is_the_tested_recipe_and_both_halves_check() {
     let nginx_conf = std::fs::read_to_string(root.join("nginx.conf")).unwrap();
     let unindented =
         |text: &str| -> Vec<String> { text.lines().map(|line| line.trim().to_owned()).collect() };
-    let recipe = unindented(&readme_recipe("nginx"));
+    let recipe = unindented(&recipe("nginx", 0));
     let conf = unindented(&nginx_conf);
     assert!(
         conf.windows(recipe.len())
             .any(|window| window == recipe.as_slice()),
-        "deploy/decision/nginx.conf does not hold the README's nginx recipe"
+        "deploy/decision/nginx.conf does not hold the docs' nginx recipe"
     );
     let dir = tempfile::tempdir().unwrap();
     let checked = Command::new(program("nginx"))

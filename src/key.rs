@@ -264,7 +264,7 @@ fn normalize(value: &str, normalize: Normalize) -> Cow<'_, str> {
     }
 }
 
-fn describe(source: &KeySource) -> String {
+pub fn describe(source: &KeySource) -> String {
     match source {
         KeySource::ClientNetwork => "client network".to_owned(),
         KeySource::Global => "global".to_owned(),

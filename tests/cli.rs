@@ -439,6 +439,58 @@ fn run_cli(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// After a reset, a support desk sees what still refuses the key: the route's other limit
+/// keyed the same way, with its state, and one keyed otherwise, with how.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reset_shows_the_routes_other_limits_that_may_still_refuse() {
+    let upstream = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    let text = policy(upstream.address, 2)
+        .replace(
+            "limits = [\"per_network\"]",
+            "limits = [\"per_user\", \"per_user_daily\", \"per_network\"]",
+        )
+        .replace("capacity = 2\n", "capacity = 100\n")
+        + "[limits.per_user]\nkey = { header = \"x-user\" }\ncapacity = 2\nrate = \"1/h\"\n"
+        + "[limits.per_user_daily]\nkey = { header = \"x-user\" }\ncapacity = 2\nrate = \"1/d\"\n";
+    write(&file, &text);
+    let process = run_with_json_logs(&file);
+    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
+    let admin = process.wait_for(false, |line| line.contains("admin listening"));
+    let client = HttpClient::new(address_in(&listening));
+    let admin_url = format!("http://{}", address_in(&admin));
+    let user = [("x-user", "erin")];
+    for expected in [200, 200, 429] {
+        assert_eq!(client.get("/", &user).await.status, expected);
+    }
+    let key = [
+        "--limit", "per_user", "--key", "erin", "--admin", &admin_url,
+    ];
+    let (code, stdout, _) = run_cli(&[&["reset"], &key[..]].concat());
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("route default also applies per_user_daily [erin]: 0 of 2 tokens left"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("route default also applies per_network keyed by client network: inspect it with --limit per_network --key <that value>"),
+        "{stdout}"
+    );
+    assert_eq!(
+        client.get("/", &user).await.status,
+        429,
+        "still refused by per_user_daily"
+    );
+    let (code, stdout, _) = run_cli(&[&["inspect"], &key[..]].concat());
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.starts_with("per_user [erin]: 2 of 2 tokens left\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("per_user_daily [erin]: 0 of 2"), "{stdout}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn inspect_and_reset_unlock_a_key_and_the_reset_is_logged_without_its_value() {
     let upstream = start_upstream().await;

@@ -80,7 +80,36 @@ pub async fn key_command(reset: bool, arguments: KeyArguments) -> ExitCode {
     };
     let timeout = std::time::Duration::from_secs(5);
     let answer = super::call(method, &url, token.as_deref(), None, timeout).await;
-    report_key_answer(&arguments, &url, answer)
+    let code = report_key_answer(&arguments, &url, answer);
+    if reset && code == ExitCode::SUCCESS {
+        // What may still refuse the key: the other limits of its routes, read after the reset.
+        let state = super::call(http::Method::GET, &url, token.as_deref(), None, timeout).await;
+        if let Ok((200, body)) = state {
+            let state: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            print_other_limits(&state, &arguments.keys.join(" + "));
+        }
+    }
+    code
+}
+
+/// The other limits of the routes that apply the key's limit: the key's state in each keyed
+/// the same way, else how each is keyed (a route may still refuse the key by one of them).
+fn print_other_limits(state: &serde_json::Value, shown: &str) {
+    for other in state["other_limits"].as_array().into_iter().flatten() {
+        let (route, limit) = (
+            other["route"].as_str().unwrap_or_default(),
+            other["limit"].as_str().unwrap_or_default(),
+        );
+        let what = if other["tokens"].is_null() {
+            format!(
+                "keyed by {}: inspect it with --limit {limit} --key <that value>",
+                other["key"].as_str().unwrap_or_default()
+            )
+        } else {
+            format!("[{shown}]: {}", key_state(other))
+        };
+        println!("  route {route} also applies {limit} {what}");
+    }
 }
 
 /// `/limits/NAME?key=…&tier=…` on the admin listener at `admin`.
@@ -113,6 +142,7 @@ fn report_key_answer(
         Ok((200, body)) => {
             let state: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
             println!("{} [{shown}]: {}", arguments.limit, key_state(&state));
+            print_other_limits(&state, &shown);
             ExitCode::SUCCESS
         }
         Ok((status, body)) => {

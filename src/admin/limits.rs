@@ -44,31 +44,95 @@ pub(super) async fn answer(
         fingerprint: limit.fingerprint,
         parts,
     };
-    let overrides = shared.overrides.table();
-    let overridden = overrides.in_force(limit, &bucket.parts, shared.overrides.now());
-    let tier_of_override = overridden.map(|entry| entry.tier(limit));
-    // An override beats a tier, as it does for requests.
-    let tier = tier_of_override.as_ref().or_else(|| {
-        pairs
-            .iter()
-            .find(|(name, _)| name == "tier")
-            .and_then(|(_, tier)| limit.tiers.iter().find(|(name, _)| name == tier))
-            .map(|(_, tier)| tier)
-    });
-    // An exempt tier has no bucket: the key reads as the limit's own.
-    let charge = limit
-        .charge(tier, 1.0, 1.0, || shared.store.calendar_now())
-        .or_else(|| limit.charge(None, 1.0, 1.0, || shared.store.calendar_now()))
-        .expect("a limit's own numbers always make a charge");
-    let overridden = overridden.cloned();
-    drop(overrides);
+    let tier = pairs
+        .iter()
+        .find(|(name, _)| name == "tier")
+        .and_then(|(_, tier)| limit.tiers.iter().find(|(name, _)| name == tier))
+        .map(|(_, tier)| tier);
+    let (charge, overridden) = numbers(shared, limit, &bucket.parts, tier);
     match *method {
         Method::GET | Method::HEAD => {
-            key_state(shared, limit, &bucket, &charge, overridden.as_deref()).await
+            let mut state = key_state(shared, limit, &bucket, &charge).await;
+            if let Ok(state) = &mut state {
+                state["override"] = serde_json::to_value(overridden.as_deref()).unwrap_or_default();
+                state["other_limits"] = other_limits(shared, policy, limit, &bucket.parts)
+                    .await
+                    .into();
+            }
+            answered(state)
         }
         Method::DELETE => reset(shared, limit, &bucket, peer).await,
         _ => method_not_allowed(),
     }
+}
+
+/// The numbers `limit`'s key `parts` is read with: its override's, else `tier`'s, else the
+/// limit's own (an exempt tier has no bucket: the key reads as the limit's own).
+fn numbers(
+    shared: &Shared,
+    limit: &Limit,
+    parts: &KeyParts,
+    tier: Option<&Tier>,
+) -> (Charge, Option<std::sync::Arc<Override>>) {
+    let overrides = shared.overrides.table();
+    let overridden = overrides
+        .in_force(limit, parts, shared.overrides.now())
+        .cloned();
+    let tier_of_override = overridden.as_ref().map(|entry| entry.tier(limit));
+    let tier = tier_of_override.as_ref().or(tier);
+    let charge = limit
+        .charge(tier, 1.0, 1.0, || shared.store.calendar_now())
+        .or_else(|| limit.charge(None, 1.0, 1.0, || shared.store.calendar_now()))
+        .expect("a limit's own numbers always make a charge");
+    (charge, overridden)
+}
+
+/// The other limits of the routes that apply `limit`, so that a support desk sees why a key
+/// is still refused after a reset: each with its state for the same key where it is keyed the
+/// same way, else how it is keyed.
+async fn other_limits(
+    shared: &Shared,
+    policy: &crate::config::Policy,
+    limit: &Limit,
+    parts: &KeyParts,
+) -> Vec<Value> {
+    let mut others = Vec::new();
+    for route in &policy.routes {
+        if !route
+            .limits
+            .iter()
+            .any(|entry| entry.limit.name == limit.name)
+        {
+            continue;
+        }
+        for entry in &route.limits {
+            let other = &*entry.limit;
+            if other.name == limit.name {
+                continue;
+            }
+            let mut described = json!({
+                "route": &*route.name,
+                "limit": &*other.name,
+                "key": other.key.iter().map(key::describe).collect::<Vec<_>>().join(" + "),
+                "tokens": null,
+                "capacity": null,
+            });
+            if other.key == limit.key && other.normalize == limit.normalize {
+                let bucket = BucketKey {
+                    limit: &other.name,
+                    fingerprint: other.fingerprint,
+                    parts: parts.clone(),
+                };
+                let (charge, _) = numbers(shared, other, parts, None);
+                if let Ok(state) = key_state(shared, other, &bucket, &charge).await {
+                    described["tokens"] = state["tokens"].clone();
+                    described["capacity"] = state["capacity"].clone();
+                }
+            }
+            others.push(described);
+        }
+    }
+    others
 }
 
 /// The query's name and value pairs, decoded.
@@ -102,28 +166,30 @@ async fn key_state(
     limit: &Limit,
     bucket: &BucketKey<'_>,
     charge: &Charge,
-    overridden: Option<&Override>,
-) -> http::Response<Body> {
+) -> Result<Value, String> {
     let params = limit.adaptive.as_ref().map(|adaptive| &adaptive.params);
-    match shared.store.inspect(bucket, charge, params).await {
-        Ok(state) => respond::full(
-            StatusCode::OK,
-            "application/json",
-            json!({
-                "limit": &*limit.name,
-                "tokens": state.tokens,
-                "capacity": state.capacity,
-                "penalty": state.penalty.map(|(factor, until)| json!({
-                    "factor": factor,
-                    "until_unix": until,
-                })),
-                "resets_in": charge.period.map(|period| period.ends_in),
-                "banned_until_unix": state.banned_until,
-                "override": overridden,
-            })
-            .to_string(),
-        ),
-        Err(error) => store_failed(&error.to_string()),
+    let state = shared
+        .store
+        .inspect(bucket, charge, params)
+        .await
+        .map_err(|error| error.to_string())?;
+    Ok(json!({
+        "limit": &*limit.name,
+        "tokens": state.tokens,
+        "capacity": state.capacity,
+        "penalty": state.penalty.map(|(factor, until)| json!({
+            "factor": factor,
+            "until_unix": until,
+        })),
+        "resets_in": charge.period.map(|period| period.ends_in),
+        "banned_until_unix": state.banned_until,
+    }))
+}
+
+fn answered(state: Result<Value, String>) -> http::Response<Body> {
+    match state {
+        Ok(state) => respond::full(StatusCode::OK, "application/json", state.to_string()),
+        Err(error) => store_failed(&error),
     }
 }
 

@@ -34,7 +34,7 @@ pub use compare::{Compared, Comparison};
 pub use errors::{FormatError, LineError, OpenError};
 pub use nginx_format::NginxFormat;
 pub use read::{read_lines, Format, LineParser, LogLine, LoggedField, LoggedKeys};
-pub use report::{LimitReport, Report};
+pub use report::{LimitReport, Report, TopKey};
 pub use timeline::Timeline;
 
 /// A hasher that is the same in every run, so that a report's order of equal keys is too.
@@ -227,7 +227,7 @@ impl<'p> Replay<'p> {
             if state.is_some() {
                 keys.buckets[key as usize] = *state;
             }
-            replayed.tally.record(key, line.time, !verdict.sufficient);
+            replayed.tally.record(key, line, !verdict.sufficient);
         }
     }
 

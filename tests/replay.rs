@@ -304,12 +304,39 @@ fn compare_sets_two_policies_side_by_side_with_the_keys_only_one_refuses() {
         row["some_keys_refused_only_by_this"],
         serde_json::json!(["v4:198.51.100.3/32", "v4:198.51.100.4/32"])
     );
+    let per_client = report["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|limit| limit["limit"] == "per_client")
+        .unwrap();
+    assert_eq!(per_client["keys"], 8, "every client, refused or not");
+    let top = &per_client["top_keys"][0];
+    assert_eq!(
+        (&top["key"], &top["requests"], &top["refusals"]),
+        (
+            &serde_json::json!("v4:198.51.100.7/32"),
+            &serde_json::json!(8),
+            &serde_json::json!(5)
+        ),
+        "the top key's requests beside its refusals"
+    );
+    assert_eq!(
+        top["paths"],
+        serde_json::json!([{"path": "/api/x", "count": 5}])
+    );
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(
         page.contains("Compared with <code>"),
         "the page shows the comparison"
     );
     assert!(page.contains("v4:198.51.100.3/32"));
+    // Each limit's charts under both policies, side by side.
+    let pairs = page.matches("<div class=\"pair\">").count();
+    assert_eq!(pairs, report["limits"].as_array().unwrap().len(), "{page}");
+    let looser_name = format!("<h3>{}</h3>", looser.display());
+    assert_eq!(page.matches(&looser_name).count(), pairs);
+    assert!(page.matches("<svg").count() >= 2 * pairs);
 
     let text_arguments = arguments(false);
     let text_arguments: Vec<&str> = text_arguments.iter().map(String::as_str).collect();

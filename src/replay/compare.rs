@@ -31,6 +31,8 @@ pub struct Compared {
 pub struct Comparison {
     pub other_policy: String,
     pub rows: Vec<Compared>,
+    /// The other policy's findings, for its charts beside this policy's.
+    pub other_limits: Vec<super::LimitReport>,
 }
 
 impl Comparison {
@@ -76,6 +78,7 @@ impl Comparison {
         Comparison {
             other_policy: other_policy.to_owned(),
             rows,
+            other_limits: other.limits.clone(),
         }
     }
 

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::svg::{self, escape};
-use super::{Comparison, Report};
+use super::{Comparison, LimitReport, Report};
 
 /// Bars in a timeline chart: enough to see an hour's burst in a day.
 const TIMELINE_BARS: usize = 240;
@@ -14,7 +14,8 @@ const STYLE: &str = "body{font-family:sans-serif;margin:2em;color:#222;max-width
 table{border-collapse:collapse}td,th{padding:.25em .75em;border-bottom:1px solid #ddd;text-align:right}\
 td:first-child,td:nth-child(2),th:first-child,th:nth-child(2){text-align:left}\
 section{margin-top:2.5em}h2{font-size:1.15em}.note{color:#666}.key{font-family:monospace}\
-.legend span{display:inline-block;width:.8em;height:.8em;margin:0 .3em 0 1em}";
+.legend span{display:inline-block;width:.8em;height:.8em;margin:0 .3em 0 1em}\
+.pair{display:flex;gap:1.5em}.pair>div{flex:1;min-width:0}svg{max-width:100%;height:auto}h3{font-size:1em}";
 
 impl Report {
     /// The whole page; `policy` names the policy file replayed, `comparison` the same log
@@ -42,13 +43,14 @@ impl Report {
                 |value: Option<f64>| value.map_or("–".to_owned(), |value| value.to_string());
             let _ = write!(
                 page,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}%</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}%</td><td>{} of {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 escape(&limit.route),
                 escape(&limit.limit),
                 limit.requests,
                 limit.refusals,
                 limit.refused_share() * 100.0,
                 limit.keys_refused,
+                limit.keys,
                 capacity(limit.capacity_for_99_percent),
                 capacity(limit.capacity_for_all),
                 limit.not_replayable,
@@ -59,25 +61,62 @@ impl Report {
             page.push_str(&comparison.to_html());
         }
         for limit in &self.limits {
-            section(&mut page, limit);
+            // Under --compare, the other policy's charts of the same route and limit beside.
+            let other = comparison.and_then(|comparison| {
+                let found = comparison
+                    .other_limits
+                    .iter()
+                    .find(|other| other.route == limit.route && other.limit == limit.limit)?;
+                Some((found, comparison.other_policy.as_str()))
+            });
+            section(&mut page, limit, other);
         }
         page.push_str("</body></html>\n");
         page
     }
 }
 
-fn section(page: &mut String, limit: &super::LimitReport) {
+fn section(page: &mut String, limit: &LimitReport, other: Option<(&LimitReport, &str)>) {
     let _ = write!(
         page,
-        "<section><h2>{} · {}</h2><p>{}: {} of {} requests refused ({:.1}%); keys refused: {}.</p>",
+        "<section><h2>{} · {}</h2>",
         escape(&limit.route),
         escape(&limit.limit),
+    );
+    match other {
+        None => charts(page, limit),
+        Some((other, other_policy)) => {
+            page.push_str("<div class=\"pair\"><div><h3>this policy</h3>");
+            charts(page, limit);
+            let _ = write!(page, "</div><div><h3>{}</h3>", escape(other_policy));
+            charts(page, other);
+            page.push_str("</div></div>");
+        }
+    }
+    top_keys(page, limit);
+    page.push_str("</section>");
+}
+
+/// A limit's summary line and its two charts: requests over time, and keys' peak usage.
+fn charts(page: &mut String, limit: &LimitReport) {
+    let _ = write!(
+        page,
+        "<p>{}: {} of {} requests refused ({:.1}%); keys refused: {} of {}.</p>",
         escape(&limit.configured),
         limit.refusals,
         limit.requests,
         limit.refused_share() * 100.0,
         limit.keys_refused,
+        limit.keys,
     );
+    if let Some(rate) = limit.rate_for_99_percent {
+        let _ = write!(
+            page,
+            "<p>99 % of keys averaged at most {} tokens a second from their first request to their last (configured: {}).</p>",
+            super::report::round(rate),
+            super::report::round(limit.rate),
+        );
+    }
     if limit.not_replayable > 0 {
         let _ = write!(
             page,
@@ -110,16 +149,23 @@ fn section(page: &mut String, limit: &super::LimitReport) {
         }
         page.push_str(&svg::peak_usage(&limit.peak_usage, &marks));
     }
+}
+
+/// The keys refused most, with their requests and what their refused requests carried.
+fn top_keys(page: &mut String, limit: &LimitReport) {
     if !limit.top_keys.is_empty() {
-        page.push_str("<p>Refused most:</p><table>");
-        for (key, refusals) in &limit.top_keys {
+        page.push_str("<p>Refused most:</p><table><tr><th>key</th><th>refused</th><th>requests</th><th>paths refused</th><th>user agents</th></tr>");
+        for top in &limit.top_keys {
             let _ = write!(
                 page,
-                "<tr><td class=\"key\">{}</td><td>{refusals}</td></tr>",
-                escape(key)
+                "<tr><td class=\"key\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&top.key),
+                top.refusals,
+                top.requests,
+                escape(&super::report::counted(&top.paths)),
+                escape(&super::report::counted(&top.agents)),
             );
         }
         page.push_str("</table>");
     }
-    page.push_str("</section>");
 }

@@ -34,6 +34,21 @@ pub struct LogLine<'a> {
     pub origin: crate::geoip::Origin,
     /// The connection's JA4 fingerprint, as tollgate's log carries it.
     pub ja4: Option<Cow<'a, str>>,
+    /// The client's `User-Agent`, where the log has it (combined's last quoted field, a
+    /// proxy's logged headers).
+    pub user_agent: Option<Cow<'a, str>>,
+}
+
+impl LogLine<'_> {
+    /// The client's `User-Agent`: the format's own field, else a logged header.
+    pub fn agent(&self) -> Option<&str> {
+        self.user_agent.as_deref().or_else(|| {
+            self.logged.iter().find_map(|(field, value)| {
+                matches!(field, LoggedField::Header(name) if name == "user-agent")
+                    .then_some(value.as_ref())
+            })
+        })
+    }
 }
 
 /// A settled request's costs as the gateway logged them.

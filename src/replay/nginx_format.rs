@@ -241,6 +241,7 @@ impl<'a> Fields<'a> {
             costs: None,
             origin: Default::default(),
             ja4: None,
+            user_agent: None,
         })
     }
 }

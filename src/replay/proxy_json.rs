@@ -86,6 +86,7 @@ pub(super) fn caddy(line: &str) -> Result<Option<LogLine<'_>>, LineError> {
         costs: None,
         origin: Default::default(),
         ja4: None,
+        user_agent: None,
     }))
 }
 
@@ -156,6 +157,7 @@ pub(super) fn traefik<'a>(
         costs: None,
         origin: Default::default(),
         ja4: None,
+        user_agent: None,
     }))
 }
 

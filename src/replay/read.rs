@@ -151,6 +151,7 @@ impl LineParser {
                 country: json.country.as_deref().and_then(Country::parse),
             },
             ja4: json.ja4.filter(|ja4| !ja4.is_empty()),
+            user_agent: None,
             costs: match (json.reserved, json.settled) {
                 (Some(reserved), Some(settled)) if !settled.is_empty() => {
                     Some(LoggedCosts { reserved, settled })
@@ -190,7 +191,7 @@ impl LineParser {
             .next()
             .and_then(|status| status.parse::<u16>().ok())
             .ok_or_else(|| not_combined("no status"))?;
-        let (_referer, _agent) = (quoted.next(), quoted.next());
+        let (_referer, agent) = (quoted.next(), quoted.next());
         let forwarded_for = quoted
             .next()
             .filter(|value| *value != "-")
@@ -216,6 +217,7 @@ impl LineParser {
             costs: None,
             origin: Default::default(),
             ja4: None,
+            user_agent: agent.filter(|agent| *agent != "-").map(Cow::Borrowed),
         })
     }
 }

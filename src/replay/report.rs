@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde_json::json;
 
-use super::{Hasher, Replay, Timeline};
+use super::{Hasher, LogLine, Replay, Timeline};
 use crate::limit::{bucket, BucketState, Charge, Timestamp};
 
 /// One key's use of its limit's bucket, over every route that charges it: what a bucket of no
@@ -15,11 +15,24 @@ use crate::limit::{bucket, BucketState, Charge, Timestamp};
 pub(crate) struct KeyUsage {
     owed: Option<BucketState>,
     needed: f64,
+    requests: u64,
+    /// Tokens charged, and the times of the first and the last request (seconds).
+    tokens: f64,
+    first: f64,
+    last: f64,
 }
 
 impl KeyUsage {
     /// A request at `now` with its charge (a quota refills nothing: it gets no suggestion).
     pub(crate) fn record(&mut self, now: Timestamp, charge: &Charge) {
+        let seconds = now.0 as f64 / 1e9;
+        if self.requests == 0 {
+            (self.first, self.last) = (seconds, seconds);
+        }
+        self.requests += 1;
+        self.tokens += charge.cost;
+        self.first = self.first.min(seconds);
+        self.last = self.last.max(seconds);
         if charge.period.is_some() {
             return;
         }
@@ -50,27 +63,97 @@ impl TimeOrder {
     }
 }
 
+impl KeyUsage {
+    /// Tokens a second the key averaged from its first request to its last; `None` for a key
+    /// seen within one second (no rate to speak of).
+    fn average_rate(&self) -> Option<f64> {
+        let span = self.last - self.first;
+        (span >= 1.0).then(|| self.tokens / span)
+    }
+}
+
+/// How often each of a few values came (a refused key's paths, its user agents): the first
+/// [`DISTINCT`] kept, the rest counted together.
+#[derive(Debug, Default, Clone)]
+struct Counts {
+    values: Vec<(Box<str>, u64)>,
+    others: u64,
+}
+
+const DISTINCT: usize = 16;
+
+impl Counts {
+    fn add(&mut self, value: &str) {
+        if let Some((_, count)) = self.values.iter_mut().find(|(seen, _)| **seen == *value) {
+            *count += 1;
+        } else if self.values.len() < DISTINCT {
+            self.values.push((value.into(), 1));
+        } else {
+            self.others += 1;
+        }
+    }
+
+    /// The most frequent values, at most `n`, the others summed as `(others)`.
+    fn top(&self, n: usize) -> Vec<(String, u64)> {
+        let mut top: Vec<(String, u64)> = self
+            .values
+            .iter()
+            .map(|(value, count)| (value.to_string(), *count))
+            .collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let rest: u64 = top.iter().skip(n).map(|(_, count)| count).sum::<u64>() + self.others;
+        top.truncate(n);
+        if rest > 0 {
+            top.push(("(others)".to_owned(), rest));
+        }
+        top
+    }
+}
+
+/// A refused key: its refusals, and the paths and user agents its refused requests carried
+/// (a scanner and a person look different).
+#[derive(Debug, Default, Clone)]
+struct Refused {
+    refusals: u64,
+    paths: Counts,
+    agents: Counts,
+}
+
 /// One limit of one route.
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
     pub(crate) requests: u64,
     pub(crate) not_replayable: u64,
     refusals: u64,
-    /// Refusals by the key's number in its limit's key table (only keys refused: most never
+    /// Refused keys by their number in the limit's key table (only keys refused: most never
     /// are, and the common line costs no lookup).
-    refused_keys: HashMap<u32, u64, Hasher>,
+    refused_keys: HashMap<u32, Refused, Hasher>,
     timeline: Timeline,
 }
 
 impl Tally {
     /// A decided request of `key` at `time` (seconds), refused or not.
-    pub(crate) fn record(&mut self, key: u32, time: f64, refused: bool) {
+    pub(crate) fn record(&mut self, key: u32, line: &LogLine<'_>, refused: bool) {
         if refused {
-            *self.refused_keys.entry(key).or_default() += 1;
+            let entry = self.refused_keys.entry(key).or_default();
+            entry.refusals += 1;
+            entry.paths.add(&line.path);
+            entry.agents.add(line.agent().unwrap_or("-"));
             self.refusals += 1;
         }
-        self.timeline.record(time, refused);
+        self.timeline.record(line.time, refused);
     }
+}
+
+/// A key refused most: its requests and refusals in the limit, and what its refused
+/// requests asked for and with which user agents.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopKey {
+    pub key: String,
+    pub requests: u64,
+    pub refusals: u64,
+    pub paths: Vec<(String, u64)>,
+    pub agents: Vec<(String, u64)>,
 }
 
 /// The replay's findings for one limit of one route.
@@ -82,14 +165,19 @@ pub struct LimitReport {
     pub refusals: u64,
     pub not_replayable: u64,
     pub keys_refused: u64,
-    /// The keys refused most, with their refusals.
-    pub top_keys: Vec<(String, u64)>,
+    /// Every key the limit saw.
+    pub keys: u64,
+    /// The keys refused most.
+    pub top_keys: Vec<TopKey>,
     /// Every key refused at least once, in order (what `--compare` sets side by side).
     pub refused_keys: Vec<String>,
     /// The smallest capacity (at the limit's rate) that never refuses 99 % of keys, and every
     /// key; `None` for a quota.
     pub capacity_for_99_percent: Option<f64>,
     pub capacity_for_all: Option<f64>,
+    /// The rate (tokens a second) that 99 % of keys seen for a second or more stayed under
+    /// on average from their first request to their last; `None` for a quota.
+    pub rate_for_99_percent: Option<f64>,
     /// The limit as configured (a quota's `quota`), its rate in tokens a second (0 for a
     /// quota), and both as a person reads them (`20 tokens, 1/min`).
     pub capacity: f64,
@@ -128,66 +216,16 @@ pub struct Report {
 }
 
 pub(super) fn report(replay: &Replay<'_>) -> Report {
-    let mut limits = Vec::new();
-    for replayed_route in &replay.routes {
-        let route = replayed_route.route;
-        for replayed in &replayed_route.entries {
-            let (entry, tally) = (replayed.entry, &replayed.tally);
-            let keys = replayed.keys.borrow();
-            let mut top: Vec<(String, u64)> = tally
-                .refused_keys
+    let limits = replay
+        .routes
+        .iter()
+        .flat_map(|replayed_route| {
+            replayed_route
+                .entries
                 .iter()
-                .map(|(number, refusals)| (keys.names[*number as usize].to_string(), *refusals))
-                .collect();
-            top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            let keys_refused = top.len() as u64;
-            let mut refused_keys: Vec<String> = top.iter().map(|(key, _)| key.clone()).collect();
-            refused_keys.sort();
-            top.truncate(10);
-            // The bucket is the limit's, whatever route charged it: so is the suggestion.
-            let mut needed: Vec<f64> = keys.usage.iter().map(|usage| usage.needed).collect();
-            needed.sort_by(f64::total_cmp);
-            let quantile = |share: f64| {
-                (!needed.is_empty() && entry.limit.calendar.is_none()).then(|| {
-                    let index =
-                        ((needed.len() as f64 * share).ceil() as usize).clamp(1, needed.len());
-                    needed[index - 1].ceil()
-                })
-            };
-            limits.push(LimitReport {
-                route: route.name.to_string(),
-                limit: entry.limit.name.to_string(),
-                requests: tally.requests,
-                refusals: tally.refusals,
-                not_replayable: tally.not_replayable,
-                keys_refused,
-                top_keys: top,
-                refused_keys,
-                capacity_for_99_percent: quantile(0.99),
-                capacity_for_all: quantile(1.0),
-                capacity: entry.limit.capacity,
-                rate: if entry.limit.calendar.is_some() {
-                    0.0
-                } else {
-                    entry.limit.rate.per_second()
-                },
-                configured: match &entry.limit.calendar {
-                    Some(calendar) => format!(
-                        "quota {} per {} ({})",
-                        entry.limit.capacity,
-                        format!("{:?}", calendar.period).to_lowercase(),
-                        calendar.zone_name
-                    ),
-                    None => format!(
-                        "capacity {}, rate {}",
-                        entry.limit.capacity, entry.limit.rate
-                    ),
-                },
-                timeline: tally.timeline.clone(),
-                peak_usage: needed.iter().rev().copied().collect(),
-            });
-        }
-    }
+                .map(|replayed| limit_report(replayed_route.route, replayed))
+        })
+        .collect();
     Report {
         lines: replay.lines,
         bad_lines: replay.bad_line_count,
@@ -198,6 +236,70 @@ pub(super) fn report(replay: &Replay<'_>) -> Report {
         most_seconds_behind: replay.order.most_behind,
         limits,
     }
+}
+
+/// One limit of one route: its tally, and what its keys (the limit's, whatever route charged
+/// them) suggest.
+fn limit_report(route: &crate::config::Route, replayed: &super::ReplayedEntry<'_>) -> LimitReport {
+    let (limit, tally) = (&*replayed.entry.limit, &replayed.tally);
+    let keys = replayed.keys.borrow();
+    let mut top: Vec<TopKey> = tally
+        .refused_keys
+        .iter()
+        .map(|(number, refused)| TopKey {
+            key: keys.names[*number as usize].to_string(),
+            requests: keys.usage[*number as usize].requests,
+            refusals: refused.refusals,
+            paths: refused.paths.top(5),
+            agents: refused.agents.top(3),
+        })
+        .collect();
+    top.sort_by(|a, b| b.refusals.cmp(&a.refusals).then_with(|| a.key.cmp(&b.key)));
+    let mut refused_keys: Vec<String> = top.iter().map(|top| top.key.clone()).collect();
+    refused_keys.sort();
+    let bucket = limit.calendar.is_none();
+    let mut rates: Vec<f64> = keys
+        .usage
+        .iter()
+        .filter_map(KeyUsage::average_rate)
+        .collect();
+    let mut needed: Vec<f64> = keys.usage.iter().map(|usage| usage.needed).collect();
+    LimitReport {
+        route: route.name.to_string(),
+        limit: limit.name.to_string(),
+        requests: tally.requests,
+        refusals: tally.refusals,
+        not_replayable: tally.not_replayable,
+        keys_refused: top.len() as u64,
+        keys: keys.names.len() as u64,
+        top_keys: top.into_iter().take(10).collect(),
+        refused_keys,
+        capacity_for_99_percent: quantile(&mut needed, 0.99)
+            .filter(|_| bucket)
+            .map(f64::ceil),
+        capacity_for_all: quantile(&mut needed, 1.0).filter(|_| bucket).map(f64::ceil),
+        rate_for_99_percent: quantile(&mut rates, 0.99).filter(|_| bucket),
+        capacity: limit.capacity,
+        rate: if bucket { limit.rate.per_second() } else { 0.0 },
+        configured: match &limit.calendar {
+            Some(calendar) => format!(
+                "quota {} per {} ({})",
+                limit.capacity,
+                format!("{:?}", calendar.period).to_lowercase(),
+                calendar.zone_name
+            ),
+            None => format!("capacity {}, rate {}", limit.capacity, limit.rate),
+        },
+        timeline: tally.timeline.clone(),
+        peak_usage: needed.iter().rev().copied().collect(),
+    }
+}
+
+/// The value at `share` of `values` (sorted here, ascending); `None` for none.
+fn quantile(values: &mut [f64], share: f64) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let index = ((values.len() as f64 * share).ceil() as usize).clamp(1, values.len().max(1));
+    values.get(index - 1).copied()
 }
 
 impl Report {
@@ -218,9 +320,17 @@ impl Report {
                 "refused_share": limit.refused_share(),
                 "not_replayable": limit.not_replayable,
                 "keys_refused": limit.keys_refused,
-                "top_keys": limit.top_keys.iter().map(|(key, refusals)| json!({"key": key, "refusals": refusals})).collect::<Vec<_>>(),
+                "keys": limit.keys,
+                "top_keys": limit.top_keys.iter().map(|top| json!({
+                    "key": top.key,
+                    "requests": top.requests,
+                    "refusals": top.refusals,
+                    "paths": top.paths.iter().map(|(path, count)| json!({"path": path, "count": count})).collect::<Vec<_>>(),
+                    "user_agents": top.agents.iter().map(|(agent, count)| json!({"user_agent": agent, "count": count})).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
                 "capacity_for_99_percent_of_keys": limit.capacity_for_99_percent,
                 "capacity_for_every_key": limit.capacity_for_all,
+                "rate_for_99_percent_of_keys": limit.rate_for_99_percent,
             })).collect::<Vec<_>>(),
         })
     }
@@ -277,13 +387,51 @@ impl Report {
                     limit.not_replayable
                 );
             }
-            for (key, refusals) in limit.top_keys.iter().take(5) {
-                let _ = writeln!(out, "  {refusals:>6} refused  {}", printable(key));
+            let _ = writeln!(
+                out,
+                "  {} keys in all{}",
+                limit.keys,
+                limit
+                    .rate_for_99_percent
+                    .map_or(String::new(), |rate| format!(
+                        "; 99 % of keys averaged at most {} tokens/s (configured: {})",
+                        round(rate),
+                        round(limit.rate)
+                    ))
+            );
+            for top in limit.top_keys.iter().take(5) {
+                let _ = writeln!(
+                    out,
+                    "  {:>6} of {:>6} refused  {}",
+                    top.refusals,
+                    top.requests,
+                    printable(&top.key)
+                );
+                let _ = writeln!(out, "           paths: {}", counted(&top.paths));
+                let _ = writeln!(out, "           user agents: {}", counted(&top.agents));
             }
         }
         out
     }
 }
+/// Values with their counts: `/login (209), /favicon.ico (3)`.
+pub(super) fn counted(values: &[(String, u64)]) -> String {
+    let shown: Vec<String> = values
+        .iter()
+        .map(|(value, count)| format!("{} ({count})", printable(value)))
+        .collect();
+    shown.join(", ")
+}
+
+/// Three significant digits or so: rates as a person reads them.
+pub(super) fn round(value: f64) -> f64 {
+    if value == 0.0 || !value.is_finite() {
+        return value;
+    }
+    let scale = 10f64.powi(2 - value.abs().log10().floor() as i32);
+    (value * scale).round() / scale
+}
+
 /// Text from a log as a terminal may show it: control characters (an escape sequence a log
 /// line carried, a carriage return) written as `\u{1b}`, never acted on.
 pub(super) fn printable(text: &str) -> std::borrow::Cow<'_, str> {

@@ -51,8 +51,9 @@ pub(super) fn timeline(start: i64, width: i64, bins: &[[u64; 2]]) -> String {
         }
     }
     let end = start + width * bins.len() as i64;
-    text(&mut svg, left, HEIGHT - 14.0, "start", &utc(start));
-    text(&mut svg, WIDTH - MARGIN[1], HEIGHT - 14.0, "end", &utc(end));
+    time_ticks(&mut svg, (start, end), (left, plot_width, bottom));
+    text(&mut svg, left, HEIGHT - 4.0, "start", &utc(start));
+    text(&mut svg, WIDTH - MARGIN[1], HEIGHT - 4.0, "end", &utc(end));
     let per_bin = format!(
         "one bar: {}",
         humantime::format_duration(std::time::Duration::from_secs(width.max(1) as u64))
@@ -60,7 +61,7 @@ pub(super) fn timeline(start: i64, width: i64, bins: &[[u64; 2]]) -> String {
     text(
         &mut svg,
         left + plot_width / 2.0,
-        HEIGHT - 14.0,
+        HEIGHT - 4.0,
         "middle",
         &per_bin,
     );
@@ -230,6 +231,34 @@ fn nice_ceiling(value: f64) -> f64 {
         .unwrap_or(10.0 * magnitude)
 }
 
+/// Ticks along the time axis at the quarters, labelled in the log's time (UTC): the time of
+/// day, with the date where the span is longer than a day.
+fn time_ticks(svg: &mut String, (start, end): (i64, i64), (left, width, bottom): (f64, f64, f64)) {
+    let format = if end - start > 86_400 {
+        "%m-%d %H:%M"
+    } else {
+        "%H:%M:%S"
+    };
+    for quarter in 0..=4 {
+        let x = left + width * f64::from(quarter) / 4.0;
+        let seconds = start + (end - start) * i64::from(quarter) / 4;
+        let _ = write!(
+            svg,
+            r##"<line x1="{x:.1}" y1="{bottom:.1}" x2="{x:.1}" y2="{:.1}" stroke="#888"/>"##,
+            bottom + 4.0
+        );
+        let label = jiff::Timestamp::from_second(seconds)
+            .map(|time| time.strftime(format).to_string())
+            .unwrap_or_default();
+        let anchor = match quarter {
+            0 => "start",
+            4 => "end",
+            _ => "middle",
+        };
+        text(svg, x, bottom + 16.0, anchor, &label);
+    }
+}
+
 fn utc(seconds: i64) -> String {
     jiff::Timestamp::from_second(seconds)
         .map(|time| time.strftime("%Y-%m-%d %H:%M:%S UTC").to_string())
@@ -272,6 +301,12 @@ mod tests {
         assert_eq!(svg.matches(&format!(r#"fill="{REFUSED}""#)).count(), 1);
         assert!(svg.contains("2026-12-01 00:00:00 UTC"), "{svg}");
         assert!(svg.contains("2026-12-01 00:03:00 UTC"), "{svg}");
+        // The axis is labelled in the log's time at its quarters.
+        for tick in ["00:00:00", "00:00:45", "00:01:30", "00:02:15", "00:03:00"] {
+            assert!(svg.contains(&format!(">{tick}</text>")), "{tick}: {svg}");
+        }
+        let days = timeline(1_796_083_200, 86_400, &[[1, 0], [1, 0]]);
+        assert!(days.contains(">12-02 00:00</text>"), "{days}");
         assert!(svg.ends_with("</svg>"));
     }
 

@@ -26,6 +26,7 @@ fn line(time: f64, user: Option<&str>, client: &str) -> LogLine<'static> {
         costs: None,
         origin: Default::default(),
         ja4: None,
+        user_agent: None,
     }
 }
 
@@ -35,11 +36,11 @@ fn a_replay_decides_with_the_logs_clock_and_suggests_capacities() {
     let mut replay = Replay::new(&policy);
     // alice: 5 requests in one second (2 refused at capacity 3); bob: 3, one a minute apart.
     for second in 0..5 {
-        replay.decide(&line(
-            1000.0 + f64::from(second) * 0.2,
-            Some("alice"),
-            "192.0.2.1",
-        ));
+        replay.decide(&LogLine {
+            path: if second == 4 { "/api/login" } else { "/api/x" }.into(),
+            user_agent: Some("Mozilla/5.0 (X11; Linux x86_64)".into()),
+            ..line(1000.0 + f64::from(second) * 0.2, Some("alice"), "192.0.2.1")
+        });
     }
     for minute in 0..3 {
         replay.decide(&line(
@@ -57,7 +58,20 @@ fn a_replay_decides_with_the_logs_clock_and_suggests_capacities() {
         "a request without the key in the log"
     );
     assert_eq!(per_user.keys_refused, 1);
-    assert_eq!(per_user.top_keys, [("h:alice".to_owned(), 2)]);
+    assert_eq!(per_user.keys, 2, "alice and bob");
+    assert_eq!(
+        per_user.top_keys,
+        [TopKey {
+            key: "h:alice".to_owned(),
+            requests: 5,
+            refusals: 2,
+            paths: vec![("/api/login".to_owned(), 1), ("/api/x".to_owned(), 1)],
+            agents: vec![("Mozilla/5.0 (X11; Linux x86_64)".to_owned(), 2)],
+        }],
+        "its requests beside its refusals, and what the refused ones carried"
+    );
+    // bob's 3 tokens over 120 s; alice's second of requests gives no rate.
+    assert_eq!(per_user.rate_for_99_percent, Some(0.025));
     // alice needs 5 minus what refills in 0.8 s at 1/min: 4.99 → 5; bob never more than 1.
     assert_eq!(per_user.capacity_for_all, Some(5.0));
     assert_eq!(
@@ -144,11 +158,15 @@ fn combined_lines_are_read_with_their_forwarded_for() {
         parsed.forwarded_for.as_deref(),
         Some("198.51.100.7, 10.0.0.1")
     );
+    assert_eq!(parsed.agent(), Some("curl/8.0"));
     assert_eq!((parsed.keys, parsed.decided), (None, true));
     // Apache escapes quotes in a field; an absolute-form target has its path taken.
     let apache = br#"::1 - - [02/Dec/2026:12:00:00 +0000] "GET http://example.com/api/x HTTP/1.1" 200 5 "-" "say \"hi\""#;
     let parsed = parser.parse(&Format::Combined, apache).unwrap().unwrap();
-    assert_eq!((&*parsed.path, parsed.forwarded_for), ("/api/x", None));
+    assert_eq!((&*parsed.path, &parsed.forwarded_for), ("/api/x", &None));
+    assert!(parsed
+        .agent()
+        .is_some_and(|agent| agent.starts_with("say ")));
     // A request line the server could not read reached no limit.
     let garbage = br#"192.0.2.1 - - [02/Dec/2026:12:00:00 +0000] "\x16\x03\x01" 400 150 "-" "-""#;
     assert!(
@@ -211,7 +229,14 @@ fn a_combined_log_replays_client_limits_and_reports_the_rest_not_replayable() {
         (4, 4, 0)
     );
     assert_eq!((per_network.requests, per_network.refusals), (4, 1));
-    assert_eq!(per_network.top_keys, [("v4:198.51.100.7/32".to_owned(), 1)]);
+    assert_eq!(per_network.top_keys.len(), 1);
+    assert_eq!(
+        (
+            per_network.top_keys[0].key.as_str(),
+            per_network.top_keys[0].refusals
+        ),
+        ("v4:198.51.100.7/32", 1)
+    );
 }
 
 #[test]
@@ -368,7 +393,7 @@ fn limits_keyed_by_a_header_cookie_or_query_replay_when_the_log_recorded_the_val
     let hasher = crate::key::KeyHasher::from_secret(b"a replay secret of some length");
     let mut expected = String::new();
     crate::limit::KeyPart::Digest(hasher.digest(b"alice")).push_to(&mut expected);
-    assert_eq!(per_user.top_keys[0].0, expected);
+    assert_eq!(per_user.top_keys[0].key, expected);
 }
 
 #[test]

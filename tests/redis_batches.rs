@@ -32,6 +32,7 @@ fn store_with_timeout(redis: &RedisServer, prefix: &str, timeout: Duration) -> R
         prefix: prefix.to_owned(),
         ca_file: None,
         lease: Duration::from_secs(60),
+        credentials: Default::default(),
     };
     RedisStore::new(&settings, Clock::monotonic()).expect("store")
 }

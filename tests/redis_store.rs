@@ -748,6 +748,7 @@ async fn acl_users_passwords_and_database_numbers_come_from_the_url() {
             "on",
             ">gateway-pass",
             "~tg:*",
+            "&tg:*",
             "+@all",
         ])
         .output()
@@ -788,6 +789,28 @@ async fn acl_users_passwords_and_database_numbers_come_from_the_url() {
         503,
         "a wrong password is a store failure, fail-closed here"
     );
+
+    // The same user with its password from the environment, the url naming only the node:
+    // decisions, and the reset channel's own connection, authenticate with them.
+    std::env::set_var("TOLLGATE_TEST_REDIS_PASSWORD", "gateway-pass");
+    let bare = format!("redis://127.0.0.1:{}/3", redis.port);
+    let from_env = policy(&bare, 2, "1/h").replace(
+        "prefix = \"tg:\"\n",
+        "prefix = \"tg:\"\nusername = \"gateway\"\npassword_env = \"TOLLGATE_TEST_REDIS_PASSWORD\"\n",
+    );
+    let gateway = start_gateway(&from_env, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    assert_eq!(
+        client.get("/global", &[]).await.status,
+        429,
+        "the bucket two requests emptied above, in database 3"
+    );
+    let store = gateway.redis_store().unwrap();
+    eventually(
+        "the reset channel is subscribed with the credentials",
+        || store.hears_resets(),
+    )
+    .await;
 }
 
 /// A TLS-only redis-server (stopped on drop).

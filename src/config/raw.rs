@@ -191,6 +191,9 @@ pub struct RawStore {
     pub lease: Option<HumanDuration>,
     /// Secret for the keyed hash of request-derived key values (else `TOLLGATE_HASH_KEY`).
     pub hash_key: Option<Spanned<String>>,
+    /// An ACL user, and the environment variable holding the password: never in the file.
+    pub username: Option<Spanned<String>>,
+    pub password_env: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -70,6 +70,40 @@ pub struct RedisSettings {
     /// How long a concurrency slot lasts in Redis unless renewed (its request renews it while
     /// in flight): what a replica that dies holds for at most.
     pub lease: Duration,
+    /// `username` and the password of `password_env`, for every node; they beat what a url
+    /// carries.
+    pub credentials: Credentials,
+}
+
+/// An ACL user and a password, kept out of the policy file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Credentials {
+    pub username: Option<String>,
+    pub password: Option<Password>,
+}
+
+/// A password: never printed.
+#[derive(Clone, PartialEq)]
+pub struct Password(pub String);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Password(..)")
+    }
+}
+
+impl Credentials {
+    /// `info` with these credentials in place of its own.
+    fn apply(&self, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
+        let mut settings = info.redis_settings().clone();
+        if let Some(username) = &self.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(Password(password)) = &self.password {
+            settings = settings.set_password(password);
+        }
+        info.set_redis_settings(settings)
+    }
 }
 
 /// Slots of a Redis Cluster.
@@ -119,6 +153,8 @@ pub struct RedisStore {
     node_urls: Vec<String>,
     /// The CA certificates `[store] ca_file` names, for every connection this store opens.
     ca_roots: Option<Vec<u8>>,
+    /// The ACL user and password of every connection this store opens.
+    credentials: Credentials,
     /// How long a concurrency slot lasts unless renewed.
     pub(crate) lease: Duration,
     /// This replica's token leases of leased buckets, and the script that refills them.
@@ -148,9 +184,14 @@ fn tls_certificates(root_cert: Option<Vec<u8>>) -> redis::TlsCertificates {
     }
 }
 
-/// A client of `url`, trusting `roots` (PEM) besides the system's when given.
-fn node_client(url: String, roots: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
-    let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
+/// A client of `url` with `credentials`, trusting `roots` (PEM) besides the system's when
+/// given.
+fn node_client(
+    url: String,
+    credentials: &Credentials,
+    roots: Option<&[u8]>,
+) -> redis::RedisResult<redis::Client> {
+    let info = credentials.apply(url.into_connection_info()?.set_tcp_settings(tcp_settings()));
     match roots {
         Some(roots) => redis::Client::build_with_tls(info, tls_certificates(Some(roots.to_vec()))),
         None => redis::Client::open(info),
@@ -184,6 +225,12 @@ impl RedisStore {
             if roots.is_some() {
                 builder = builder.certs(tls_certificates(roots.clone()));
             }
+            if let Some(username) = &settings.credentials.username {
+                builder = builder.username(username);
+            }
+            if let Some(Password(password)) = &settings.credentials.password {
+                builder = builder.password(password);
+            }
             let client = builder
                 .build()
                 .map_err(|error| StoreError::Setup(error.to_string()))?;
@@ -194,7 +241,7 @@ impl RedisStore {
             }))
         } else {
             let url = settings.nodes.first().cloned().unwrap_or_default();
-            let client = node_client(url, roots.as_deref())
+            let client = node_client(url, &settings.credentials, roots.as_deref())
                 .map_err(|error| StoreError::Setup(error.to_string()))?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(settings.connect_timeout))
@@ -229,6 +276,7 @@ impl RedisStore {
             ),
             node_urls: settings.nodes.clone(),
             ca_roots: roots,
+            credentials: settings.credentials.clone(),
             lease: settings.lease,
             leases: Leases::default(),
             lease_script: token_lease::script(),
@@ -240,7 +288,7 @@ impl RedisStore {
     /// TLS roots: for the connections beside the store's own (the reset subscription).
     pub(crate) fn node_client(&self, index: usize) -> Option<redis::Client> {
         let url = self.node_urls.get(index % self.node_urls.len().max(1))?;
-        node_client(url.clone(), self.ca_roots.as_deref()).ok()
+        node_client(url.clone(), &self.credentials, self.ca_roots.as_deref()).ok()
     }
 
     /// Records the requests each batch's call decides in `batches`, calls that ran after

@@ -9,6 +9,7 @@ use toml::Spanned;
 use super::{duration_or, resolve, Errors};
 use crate::config::raw;
 use crate::config::{Backend, OverrideSettings, RedisSettings, StoreSettings};
+use crate::limit::redis::{Credentials, Password};
 
 const DEFAULT_MAX_KEYS: i64 = 1_000_000;
 
@@ -138,6 +139,7 @@ fn compile_redis(
         );
         return None;
     };
+    let credentials = compile_credentials(raw, errors);
     match redis_nodes(url.get_ref(), raw.cluster.unwrap_or(false)) {
         Ok((nodes, cluster)) => Some(RedisSettings {
             nodes,
@@ -147,11 +149,71 @@ fn compile_redis(
             prefix: raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned()),
             ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
             lease,
+            credentials,
         }),
         Err(error) => {
             errors.at(Some(url.span()), "store.url", error.to_string());
             None
         }
+    }
+}
+
+/// `username`, and the password read from `password_env` (an unset or empty variable is an
+/// error naming it; the password itself is never shown).
+fn compile_credentials(raw: &raw::RawStore, errors: &mut Errors<'_>) -> Credentials {
+    let username = raw.username.as_ref().map(|username| {
+        if username.get_ref().is_empty() {
+            errors.at(
+                Some(username.span()),
+                "store.username",
+                "empty: leave it out for the default user",
+            );
+        }
+        username.get_ref().clone()
+    });
+    let password =
+        raw.password_env
+            .as_ref()
+            .and_then(|variable| match std::env::var(variable.get_ref()) {
+                Ok(password) if !password.is_empty() => Some(Password(password)),
+                _ => {
+                    errors.at(
+                        Some(variable.span()),
+                        "store.password_env",
+                        format!(
+                            "${} is not set (or empty): set it to the Redis password",
+                            variable.get_ref()
+                        ),
+                    );
+                    None
+                }
+            });
+    Credentials { username, password }
+}
+
+/// Whether a store url carries a password (`redis://user:password@host`), which belongs in
+/// `password_env`.
+pub(super) fn url_has_password(url: &str) -> bool {
+    userinfo(url).is_some_and(|userinfo| {
+        userinfo
+            .split_once(':')
+            .is_some_and(|(_, password)| !password.is_empty())
+    })
+}
+
+fn userinfo(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    Some(authority.rsplit_once('@')?.0)
+}
+
+/// `url` as errors show it: a password it carries written as `***`.
+fn redacted(url: &str) -> String {
+    match userinfo(url).and_then(|userinfo| userinfo.split_once(':')) {
+        Some((user, password)) if !password.is_empty() => {
+            url.replacen(&format!("{user}:{password}@"), &format!("{user}:***@"), 1)
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -177,14 +239,14 @@ enum RedisUrlError {
 fn redis_nodes(url: &str, cluster: bool) -> Result<(Vec<String>, bool), RedisUrlError> {
     let (scheme, rest) = url
         .split_once("://")
-        .ok_or_else(|| RedisUrlError::NoScheme(url.to_owned()))?;
+        .ok_or_else(|| RedisUrlError::NoScheme(redacted(url)))?;
     let (scheme, cluster) = match scheme {
         "redis" | "rediss" => (scheme, cluster),
         "redis+cluster" => ("redis", true),
         "rediss+cluster" => ("rediss", true),
         _ => {
             return Err(RedisUrlError::Scheme {
-                url: url.to_owned(),
+                url: redacted(url),
                 scheme: scheme.to_owned(),
             })
         }
@@ -204,15 +266,15 @@ fn redis_nodes(url: &str, cluster: bool) -> Result<(Vec<String>, bool), RedisUrl
         .map(|host| format!("{scheme}://{userinfo}{host}{path}"))
         .collect();
     if nodes.is_empty() {
-        return Err(RedisUrlError::NoHost(url.to_owned()));
+        return Err(RedisUrlError::NoHost(redacted(url)));
     }
     if !cluster && nodes.len() > 1 {
-        return Err(RedisUrlError::SeveralHosts(url.to_owned()));
+        return Err(RedisUrlError::SeveralHosts(redacted(url)));
     }
     for node in &nodes {
         redis::IntoConnectionInfo::into_connection_info(node.as_str()).map_err(|error| {
             RedisUrlError::Node {
-                url: url.to_owned(),
+                url: redacted(url),
                 reason: error.to_string(),
             }
         })?;
@@ -229,6 +291,64 @@ mod tests {
     use crate::config::Backend;
 
     const SECRET: &str = "hash_key = \"0123456789abcdef\"\n";
+
+    #[test]
+    fn credentials_come_from_the_environment_and_a_password_in_the_url_is_warned_about() {
+        let store = |extra: &str, url: &str| {
+            format!("[store]\nbackend = \"redis\"\nurl = \"{url}\"\n{SECRET}{extra}")
+        };
+        std::env::set_var("TOLLGATE_TEST_STORE_PASSWORD", "from-the-environment");
+        let policy = policy(&store(
+            "username = \"gateway\"\npassword_env = \"TOLLGATE_TEST_STORE_PASSWORD\"\n",
+            "redis://127.0.0.1:6379",
+        ));
+        let credentials = &policy.store.redis.as_ref().unwrap().credentials;
+        assert_eq!(credentials.username.as_deref(), Some("gateway"));
+        assert_eq!(
+            credentials.password,
+            Some(super::Password("from-the-environment".to_owned()))
+        );
+        assert!(
+            !format!("{policy:?}").contains("from-the-environment"),
+            "a password is never printed"
+        );
+        assert!(policy
+            .warnings
+            .iter()
+            .all(|warning| !warning.contains("password")));
+
+        let (key, message) = error(&store(
+            "password_env = \"TOLLGATE_TEST_STORE_PASSWORD_UNSET\"\n",
+            "redis://127.0.0.1:6379",
+        ));
+        assert_eq!(key, "store.password_env");
+        assert!(
+            message.contains("TOLLGATE_TEST_STORE_PASSWORD_UNSET"),
+            "{message}"
+        );
+
+        let in_url = policy_with_url("redis://gateway:s3cret@127.0.0.1:6379/0");
+        assert!(
+            in_url
+                .warnings
+                .iter()
+                .any(|warning| warning.contains("store.url carries a password")),
+            "{:?}",
+            in_url.warnings
+        );
+        let (_, message) = error(&store(
+            "",
+            "redis://gateway:s3cret@127.0.0.1:6379,127.0.0.1:6380",
+        ));
+        assert!(!message.contains("s3cret"), "{message}");
+        assert!(message.contains("gateway:***@"), "{message}");
+    }
+
+    fn policy_with_url(url: &str) -> crate::config::Policy {
+        policy(&format!(
+            "[store]\nbackend = \"redis\"\nurl = \"{url}\"\n{SECRET}"
+        ))
+    }
 
     #[test]
     fn overrides_are_kept_in_a_file_beside_the_memory_store_only() {

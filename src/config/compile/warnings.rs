@@ -37,6 +37,15 @@ pub(super) fn warnings(policy: &Policy) -> Vec<String> {
             && route.methods.is_none()
             && route.path == PathMatch::Prefix("/".to_owned())
     });
+    if let Some(redis) = &policy.store.redis {
+        if redis
+            .nodes
+            .iter()
+            .any(|url| super::store::url_has_password(url))
+        {
+            warnings.push("store.url carries a password: move it to the environment (password_env = \"TOLLGATE_REDIS_PASSWORD\", with username) so that the policy file holds no secret".to_owned());
+        }
+    }
     if policy.store.redis.is_none() && policy.overrides.file.is_none() {
         warnings.push("overrides set through the admin API end with the process: set [overrides] file to keep them across restarts".to_owned());
     }

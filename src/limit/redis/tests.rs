@@ -14,6 +14,7 @@ fn unreachable_node(cluster: bool) -> RedisSettings {
         prefix: "t:".to_owned(),
         ca_file: None,
         lease: Duration::from_secs(60),
+        credentials: Default::default(),
     }
 }
 
@@ -74,8 +75,23 @@ fn whole_numbers_go_to_redis_as_integers_and_the_rest_as_floats() {
 
 #[test]
 fn connections_to_redis_turn_nagles_algorithm_off() {
-    let client = node_client("redis://127.0.0.1:1".to_owned(), None).unwrap();
+    let credentials = Credentials {
+        username: Some("gateway".to_owned()),
+        password: Some(Password("from-the-environment".to_owned())),
+    };
+    let client = node_client(
+        "redis://old:user@127.0.0.1:1".to_owned(),
+        &credentials,
+        None,
+    )
+    .unwrap();
     assert!(client.get_connection_info().tcp_settings().nodelay());
+    let settings = client.get_connection_info().redis_settings();
+    assert_eq!(
+        (settings.username(), settings.password()),
+        (Some("gateway"), Some("from-the-environment")),
+        "the environment's credentials beat the url's"
+    );
     // A Cluster client's settings show only in its description.
     let store = RedisStore::new(&unreachable_node(true), Clock::manual()).unwrap();
     let Connection::Cluster(cluster) = &store.connection else {

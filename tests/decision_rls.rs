@@ -371,3 +371,43 @@ async fn what_is_not_a_call_is_answered_as_grpc_answers_it() {
     assert_eq!(compressed.header("grpc-status"), Some("12"));
     gateway.shutdown().await;
 }
+
+/// Envoy's calls are decided with the operators' overrides, as the proxy's requests are: a
+/// raised network bucket, and an exempt one.
+#[tokio::test]
+async fn overrides_decide_grpc_calls_too() {
+    let (gateway, mut rls) = start(RULES).await;
+    let admin = HttpClient::new(gateway.admin_address);
+    let put = |key: &'static str, body: &'static str| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .send(
+                    "PUT",
+                    &format!("/overrides/per_network?key={key}"),
+                    &[],
+                    bytes::Bytes::from(body),
+                )
+                .await
+                .status
+        }
+    };
+    assert_eq!(
+        put("2001:db8:9:9::1", r#"{"capacity": 4, "rate": "1/h"}"#).await,
+        200
+    );
+    assert_eq!(put("198.51.100.7", r#"{"exempt": true}"#).await, 200);
+    let address = |text: &str| vec![descriptor(&[("remote_address", text)])];
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        let answer = call(&mut rls, address("2001:db8:9:9::2"), 0).await;
+        codes.push(answer.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, ok, ok, over], "four for the overridden /64");
+    for _ in 0..5 {
+        let answer = call(&mut rls, address("198.51.100.7"), 0).await;
+        assert_eq!(answer.overall_code, ok, "exempt");
+    }
+    gateway.shutdown().await;
+}

@@ -248,6 +248,10 @@ async fn a_raise_does_not_fill_a_bucket_a_cut_bites_and_both_end() {
             .status,
         404
     );
+    let ended = admin
+        .call("DELETE", "/overrides/per_org?key=delta", "")
+        .await;
+    assert_eq!(ended.status, 404, "an override that ended is none");
     eventually("the ended override is counted as expired", || {
         metric(
             &gateway.render_metrics(),

@@ -174,7 +174,10 @@ impl Overrides {
         parts: &KeyParts,
         by: &str,
     ) -> Result<Option<Arc<Override>>, ChangeError> {
-        let Some(before) = self.table().get(limit, parts).cloned() else {
+        // One that ended is gone already, as far as anyone can tell (the sweep drops it).
+        let now = self.now();
+        let found = self.table().get(limit, parts).cloned();
+        let Some(before) = found.filter(|entry| entry.active_at(now)) else {
             return Ok(None);
         };
         match &self.home {

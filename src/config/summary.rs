@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use http::Method;
 
-use super::{KeySource, Limit, Missing, Mode, Normalize, PathMatch, Policy, Tier, TierSource};
+use super::{
+    KeySource, Limit, Missing, Mode, Normalize, NumberSource, PathMatch, Policy, Tier, TierSource,
+};
 use crate::client_ip::Trust;
 
 pub(super) fn summary(policy: &Policy) -> String {
@@ -95,6 +97,15 @@ fn write_header(out: &mut String, policy: &Policy) {
         policy.store.backend.as_str(),
         policy.store.max_keys
     );
+    let kept = match (&policy.store.redis, &policy.overrides.file) {
+        (Some(_), _) => "in Redis".to_owned(),
+        (None, Some(file)) => format!("in {}", file.display()),
+        (None, None) => "until the process ends".to_owned(),
+    };
+    let longest = policy.overrides.max_ttl.map_or(String::new(), |max_ttl| {
+        format!(", each for at most {}", humantime::format_duration(max_ttl))
+    });
+    let _ = writeln!(out, "overrides: kept {kept}{longest}");
 }
 
 /// What a route charges a limit: its cost, or where the cost is read, and how it settles.
@@ -285,6 +296,29 @@ fn limit_notes(limit: &Limit) -> Vec<String> {
             humantime::format_duration(max_delay)
         ));
     }
+    if let Some(carried) = &limit.carried {
+        let sources: Vec<String> = carried
+            .sources()
+            .map(|(number, source)| match source {
+                NumberSource::JwtClaim(path) => format!("{number} from jwt claim {path}"),
+                NumberSource::Header(name) => format!("{number} from header {name}"),
+            })
+            .collect();
+        notes.push(format!(
+            "{} (the numbers above are the defaults)",
+            sources.join(", ")
+        ));
+    }
+    if let Some(refusal) = &limit.refusal {
+        let mut shape = format!("refused with {}", refusal.status.as_u16());
+        if refusal.body.is_some() {
+            shape.push_str(", its own body");
+        }
+        if !refusal.retry_after {
+            shape.push_str(", no Retry-After");
+        }
+        notes.push(shape);
+    }
     notes
 }
 
@@ -338,5 +372,35 @@ fn describe_source(source: &KeySource) -> String {
         KeySource::ClientAsn => "client_asn".to_owned(),
         KeySource::ClientCountry => "client_country".to_owned(),
         KeySource::TlsJa4 => "tls_ja4".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Policy;
+
+    #[test]
+    fn check_names_carried_numbers_shaped_refusals_and_where_overrides_are_kept() {
+        let policy = Policy::parse(
+            "test.toml",
+            "[overrides]\nfile = \"/var/lib/tollgate/overrides.json\"\nmax_ttl = \"7d\"\n[upstreams.app]\nurl = \"http://127.0.0.1:3000\"\n[limits.per_tenant]\nkey = { header = \"x-tenant\" }\ncapacity = { header = \"x-capacity\", trust_header = true, default = 10, max = 100 }\nrate = \"1/s\"\n[limits.per_tenant.refusal]\nstatus = 503\nretry_after = false\n[[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimits = [\"per_tenant\"]\n",
+        )
+        .unwrap_or_else(|errors| panic!("{errors}"));
+        let summary = policy.summary();
+        assert!(
+            summary.contains(
+                "overrides: kept in /var/lib/tollgate/overrides.json, each for at most 7days"
+            ),
+            "{summary}"
+        );
+        assert!(
+            summary
+                .contains("capacity from header x-capacity (the numbers above are the defaults)"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("refused with 503, no Retry-After"),
+            "{summary}"
+        );
     }
 }

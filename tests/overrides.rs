@@ -79,7 +79,11 @@ impl Admin {
     }
 
     async fn put(&self, org: &str, body: &str) -> Reply {
-        self.call("PUT", &format!("/overrides/per_org?key={org}"), body)
+        self.put_on("per_org", org, body).await
+    }
+
+    async fn put_on(&self, limit: &str, key: &str, body: &str) -> Reply {
+        self.call("PUT", &format!("/overrides/{limit}?key={key}"), body)
             .await
     }
 }
@@ -424,8 +428,41 @@ async fn the_memory_stores_file_keeps_overrides_across_a_restart() {
     let kept: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     assert_eq!(kept["overrides"], serde_json::json!([]));
+    assert_eq!(
+        admin
+            .put_on("per_network", "127.0.0.1", r#"{"capacity": 7}"#)
+            .await
+            .status,
+        200
+    );
     second.shutdown().await;
     drop(second);
+
+    // Started with a policy that no longer has the limit: its override is dropped, from the
+    // file too.
+    let without_network = with_file
+        .replace(
+            "limits = [\"per_org\", \"per_network\"]",
+            "limits = [\"per_org\"]",
+        )
+        .replace(
+            "[limits.per_network]\nkey = \"client_network\"\ncapacity = 1000\nrate = \"1000/s\"\n",
+            "",
+        );
+    let third = Tollgate::start(
+        compile(&without_network, upstream.address),
+        Options::default(),
+    )
+    .await
+    .unwrap();
+    let admin = Admin(HttpClient::new(third.admin_address));
+    let listed = admin.call("GET", "/overrides", "").await.json();
+    assert_eq!(listed["overrides"], serde_json::json!([]), "{listed}");
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(kept["overrides"], serde_json::json!([]));
+    third.shutdown().await;
+    drop(third);
 
     std::fs::write(&file, "{ not json").unwrap();
     let error = start()

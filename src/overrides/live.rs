@@ -124,7 +124,9 @@ impl Overrides {
             metrics,
             published: parking_lot::Mutex::new(Vec::new()),
         };
-        live.cover(policy);
+        // A file kept across a policy change holds overrides of limits the policy may have
+        // removed or redefined: dropped as a reload drops them.
+        live.reloaded(policy);
         Ok((live, hasher))
     }
 

@@ -187,11 +187,8 @@ async fn an_override_is_logged_and_named_on_the_access_lines_it_decides() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tollgate.toml");
     write(&file, &policy(upstream.address, 1));
-    let process = run_with_json_logs(&file);
-    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
-    let admin = process.wait_for(false, |line| line.contains("admin listening"));
-    let client = HttpClient::new(address_in(&listening));
-    let admin = HttpClient::new(address_in(&admin));
+    let (process, client, admin) = serving(&file);
+    let admin = HttpClient::new(admin);
     let put = admin
         .send(
             "PUT",
@@ -225,11 +222,8 @@ async fn sighup_reloads_a_valid_file_and_keeps_serving_on_an_invalid_one() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tollgate.toml");
     write(&file, &policy(upstream.address, 1));
-    let process = run_with_json_logs(&file);
-    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
-    let admin = process.wait_for(false, |line| line.contains("admin listening"));
-    let client = HttpClient::new(address_in(&listening));
-    let admin = HttpClient::new(address_in(&admin));
+    let (process, client, admin) = serving(&file);
+    let admin = HttpClient::new(admin);
     assert_eq!(client.get("/", &[]).await.status, 200);
     assert_eq!(client.get("/", &[]).await.status, 429);
 
@@ -416,6 +410,16 @@ async fn a_changed_policy_file_is_reloaded_without_a_signal() {
 }
 
 /// `tollgate --log-format json run --config FILE`.
+/// `tollgate run` of `file` with JSON logs, once it listens: the process, a client of its
+/// proxy listener, and its admin listener's address.
+fn serving(file: &std::path::Path) -> (Process, HttpClient, std::net::SocketAddr) {
+    let process = run_with_json_logs(file);
+    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
+    let admin = process.wait_for(false, |line| line.contains("admin listening"));
+    let client = HttpClient::new(address_in(&listening));
+    (process, client, address_in(&admin))
+}
+
 fn run_with_json_logs(file: &std::path::Path) -> Process {
     Process::spawn(&[
         "--log-format",
@@ -455,11 +459,8 @@ async fn a_reset_shows_the_routes_other_limits_that_may_still_refuse() {
         + "[limits.per_user]\nkey = { header = \"x-user\" }\ncapacity = 2\nrate = \"1/h\"\n"
         + "[limits.per_user_daily]\nkey = { header = \"x-user\" }\ncapacity = 2\nrate = \"1/d\"\n";
     write(&file, &text);
-    let process = run_with_json_logs(&file);
-    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
-    let admin = process.wait_for(false, |line| line.contains("admin listening"));
-    let client = HttpClient::new(address_in(&listening));
-    let admin_url = format!("http://{}", address_in(&admin));
+    let (_process, client, admin) = serving(&file);
+    let admin_url = format!("http://{admin}");
     let user = [("x-user", "erin")];
     for expected in [200, 200, 429] {
         assert_eq!(client.get("/", &user).await.status, expected);
@@ -508,11 +509,8 @@ async fn inspect_and_reset_unlock_a_key_and_the_reset_is_logged_without_its_valu
         .replace("key = \"client_network\"", "key = { header = \"x-user\" }")
         + "[limits.per_network.ban]\nafter = 1\nwithin = \"1m\"\nduration = \"15m\"\n";
     write(&file, &text);
-    let process = run_with_json_logs(&file);
-    let listening = process.wait_for(false, |line| line.contains("\"listening\""));
-    let admin = process.wait_for(false, |line| line.contains("admin listening"));
-    let client = HttpClient::new(address_in(&listening));
-    let admin_url = format!("http://{}", address_in(&admin));
+    let (process, client, admin) = serving(&file);
+    let admin_url = format!("http://{admin}");
     let user = [("x-user", "dora-4242")];
     assert_eq!(client.get("/", &user).await.status, 200);
     assert_eq!(client.get("/", &user).await.status, 200);

@@ -89,6 +89,15 @@ impl Tollgate {
     pub async fn start(policy: Policy, options: Options) -> Result<Tollgate, StartError> {
         let clock = options.clock.unwrap_or_else(Clock::monotonic);
         let shared = Arc::new(Shared::new(&policy, clock)?);
+        if let Store::Redis(redis) = &shared.store {
+            if redis.under_sentinel() {
+                // The master before the first request; then followed through failovers.
+                if let Err(error) = redis.find_master().await {
+                    tracing::warn!(%error, "store: no master yet; decisions follow on_store_failure until one is found");
+                }
+                tokio::spawn(RedisStore::follow_master(Arc::downgrade(redis)));
+            }
+        }
         // The fleet's overrides, before the first request: a restart keeps them in force.
         if let Err(error) = shared.overrides.refresh().await {
             tracing::warn!(%error, "overrides not read from the store yet: they apply once it answers");

@@ -33,6 +33,7 @@ fn store_with_timeout(redis: &RedisServer, prefix: &str, timeout: Duration) -> R
         ca_file: None,
         lease: Duration::from_secs(60),
         credentials: Default::default(),
+        sentinel: None,
     };
     RedisStore::new(&settings, Clock::monotonic()).expect("store")
 }

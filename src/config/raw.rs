@@ -194,6 +194,8 @@ pub struct RawStore {
     /// An ACL user, and the environment variable holding the password: never in the file.
     pub username: Option<Spanned<String>>,
     pub password_env: Option<Spanned<String>>,
+    /// The variable holding the sentinels' password, when they require one.
+    pub sentinel_password_env: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

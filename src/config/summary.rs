@@ -91,9 +91,26 @@ fn write_header(out: &mut String, policy: &Policy) {
     if let Some(jwt) = &policy.jwt {
         let _ = writeln!(out, "identity: {jwt}");
     }
+    write_store(out, policy);
+}
+
+/// Where buckets live, and where overrides are kept.
+fn write_store(out: &mut String, policy: &Policy) {
+    let sentinel = policy
+        .store
+        .redis
+        .as_ref()
+        .and_then(|redis| redis.sentinel.as_ref())
+        .map_or(String::new(), |sentinel| {
+            format!(
+                " under Sentinel (master {:?}, {} sentinels)",
+                sentinel.master,
+                sentinel.sentinels.len()
+            )
+        });
     let _ = writeln!(
         out,
-        "store: {}, max {} keys",
+        "store: {}{sentinel}, max {} keys",
         policy.store.backend.as_str(),
         policy.store.max_keys
     );
@@ -296,6 +313,13 @@ fn limit_notes(limit: &Limit) -> Vec<String> {
             humantime::format_duration(max_delay)
         ));
     }
+    notes.extend(steering_notes(limit));
+    notes
+}
+
+/// The numbers a limit's requests carry, and how its refusals are shaped.
+fn steering_notes(limit: &Limit) -> Vec<String> {
+    let mut notes = Vec::new();
     if let Some(carried) = &limit.carried {
         let sources: Vec<String> = carried
             .sources()

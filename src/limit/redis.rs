@@ -33,8 +33,10 @@ mod cluster;
 mod decide_call;
 mod key_admin;
 pub(crate) mod keys;
+mod node;
 mod overrides;
 mod refund;
+mod sentinel;
 mod server_clock;
 mod slots;
 mod token_lease;
@@ -72,6 +74,23 @@ pub struct RedisSettings {
     pub lease: Duration,
     /// `username` and the password of `password_env`, for every node; they beat what a url
     /// carries.
+    pub credentials: Credentials,
+    /// `redis+sentinel://`: the master is the one the sentinels name (`nodes` is empty).
+    pub sentinel: Option<SentinelSettings>,
+}
+
+/// Where the sentinels are, which master they watch, and how its node is reached.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentinelSettings {
+    /// Each sentinel's url (`redis://host:port`, or `rediss://`).
+    pub sentinels: Vec<String>,
+    /// The master's name (`sentinel monitor NAME …`).
+    pub master: String,
+    /// `redis` or `rediss`, and the database number: the master's url once its address is
+    /// known.
+    pub scheme: String,
+    pub db: i64,
+    /// The sentinels' password (`sentinel_password_env`).
     pub credentials: Credentials,
 }
 
@@ -117,7 +136,7 @@ const REFUND: &str = include_str!("refund.lua");
 const OUTCOME: &str = include_str!("outcome.lua");
 
 enum Connection {
-    Single(ConnectionManager),
+    Single(Arc<node::Node>),
     Cluster(Box<Cluster>),
 }
 
@@ -155,6 +174,8 @@ pub struct RedisStore {
     ca_roots: Option<Vec<u8>>,
     /// The ACL user and password of every connection this store opens.
     credentials: Credentials,
+    /// Under Sentinel, the settings a new master's connection is made with.
+    sentinel: Option<Box<RedisSettings>>,
     /// How long a concurrency slot lasts unless renewed.
     pub(crate) lease: Duration,
     /// This replica's token leases of leased buckets, and the script that refills them.
@@ -196,6 +217,26 @@ fn node_client(
         Some(roots) => redis::Client::build_with_tls(info, tls_certificates(Some(roots.to_vec()))),
         None => redis::Client::open(info),
     }
+}
+
+/// The store's connection to one node at `url`, made lazily: the gateway serves while Redis
+/// is down.
+fn node_manager(
+    url: &str,
+    settings: &RedisSettings,
+    roots: Option<&[u8]>,
+) -> Result<ConnectionManager, StoreError> {
+    let client = node_client(url.to_owned(), &settings.credentials, roots)
+        .map_err(|error| StoreError::Setup(error.to_string()))?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(settings.connect_timeout))
+        // The store's timeout is kept by the callers (the batches' deadlines): a reply that
+        // comes after it is still read, to learn that its script ran late.
+        .set_response_timeout(Some(settings.timeout.max(LATE_REPLIES)))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(200));
+    ConnectionManager::new_lazy_with_config(client, config)
+        .map_err(|error| StoreError::Setup(error.to_string()))
 }
 
 /// Nagle's algorithm off. The store multiplexes calls on one connection: with it on (the redis
@@ -240,19 +281,14 @@ impl RedisStore {
                 connecting: tokio::sync::Mutex::new(()),
             }))
         } else {
-            let url = settings.nodes.first().cloned().unwrap_or_default();
-            let client = node_client(url, &settings.credentials, roots.as_deref())
-                .map_err(|error| StoreError::Setup(error.to_string()))?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(settings.connect_timeout))
-                // The store's timeout is kept by the callers (the batches' deadlines): a reply
-                // that comes after it is still read, to learn that its script ran late.
-                .set_response_timeout(Some(settings.timeout.max(LATE_REPLIES)))
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_millis(200));
-            let manager = ConnectionManager::new_lazy_with_config(client, config)
-                .map_err(|error| StoreError::Setup(error.to_string()))?;
-            Connection::Single(manager)
+            match settings.nodes.first() {
+                Some(url) => {
+                    let manager = node_manager(url, settings, roots.as_deref())?;
+                    Connection::Single(Arc::new(node::Node::fixed(url.clone(), manager)))
+                }
+                // Under Sentinel: the master is asked for (`find_master`).
+                None => Connection::Single(Arc::new(node::Node::awaiting())),
+            }
         };
         let slots = if settings.cluster { SLOTS } else { 1 };
         Ok(RedisStore {
@@ -277,6 +313,10 @@ impl RedisStore {
             node_urls: settings.nodes.clone(),
             ca_roots: roots,
             credentials: settings.credentials.clone(),
+            sentinel: settings
+                .sentinel
+                .is_some()
+                .then(|| Box::new(settings.clone())),
             lease: settings.lease,
             leases: Leases::default(),
             lease_script: token_lease::script(),
@@ -287,8 +327,14 @@ impl RedisStore {
     /// A client of one of the store's nodes (by `index`, round the list), with the store's
     /// TLS roots: for the connections beside the store's own (the reset subscription).
     pub(crate) fn node_client(&self, index: usize) -> Option<redis::Client> {
-        let url = self.node_urls.get(index % self.node_urls.len().max(1))?;
-        node_client(url.clone(), &self.credentials, self.ca_roots.as_deref()).ok()
+        let url = match &self.connection {
+            Connection::Single(node) => node.url()?,
+            Connection::Cluster(_) => self
+                .node_urls
+                .get(index % self.node_urls.len().max(1))?
+                .clone(),
+        };
+        node_client(url, &self.credentials, self.ca_roots.as_deref()).ok()
     }
 
     /// Records the requests each batch's call decides in `batches`, calls that ran after
@@ -431,8 +477,8 @@ impl RedisStore {
         let script = script.clone();
         self.calls.inc();
         Ok(match &self.connection {
-            Connection::Single(manager) => {
-                let mut connection = manager.clone();
+            Connection::Single(node) => {
+                let mut connection = node.current()?;
                 Box::pin(async move { evaluate(&script, &command, &mut connection).await })
             }
             Connection::Cluster(_) => {
@@ -468,9 +514,10 @@ impl RedisStore {
     pub async fn ping(&self) -> bool {
         let ping = async {
             let result: redis::RedisResult<String> = match &self.connection {
-                Connection::Single(manager) => {
-                    redis::cmd("PING").query_async(&mut manager.clone()).await
-                }
+                Connection::Single(node) => match node.current() {
+                    Ok(mut connection) => redis::cmd("PING").query_async(&mut connection).await,
+                    Err(_) => return false,
+                },
                 Connection::Cluster(_) => match self.cluster().await {
                     Ok(mut connection) => redis::cmd("PING").query_async(&mut connection).await,
                     Err(_) => return false,

@@ -9,7 +9,7 @@ use toml::Spanned;
 use super::{duration_or, resolve, Errors};
 use crate::config::raw;
 use crate::config::{Backend, OverrideSettings, RedisSettings, StoreSettings};
-use crate::limit::redis::{Credentials, Password};
+use crate::limit::redis::{Credentials, Password, SentinelSettings};
 
 const DEFAULT_MAX_KEYS: i64 = 1_000_000;
 
@@ -140,8 +140,8 @@ fn compile_redis(
         return None;
     };
     let credentials = compile_credentials(raw, errors);
-    match redis_nodes(url.get_ref(), raw.cluster.unwrap_or(false)) {
-        Ok((nodes, cluster)) => Some(RedisSettings {
+    let settings =
+        |nodes: Vec<String>, cluster: bool, sentinel: Option<SentinelSettings>| RedisSettings {
             nodes,
             cluster,
             timeout,
@@ -149,13 +149,53 @@ fn compile_redis(
             prefix: raw.prefix.clone().unwrap_or_else(|| "tollgate:".to_owned()),
             ca_file: raw.ca_file.as_deref().map(|path| resolve(base, path)),
             lease,
-            credentials,
-        }),
+            credentials: credentials.clone(),
+            sentinel,
+        };
+    if let Some(sentinel) = compile_sentinel(raw, url, errors) {
+        return sentinel.map(|sentinel| settings(Vec::new(), false, Some(sentinel)));
+    }
+    match redis_nodes(url.get_ref(), raw.cluster.unwrap_or(false)) {
+        Ok((nodes, cluster)) => Some(settings(nodes, cluster, None)),
         Err(error) => {
             errors.at(Some(url.span()), "store.url", error.to_string());
             None
         }
     }
+}
+
+/// A `redis+sentinel://` url's sentinels and master, with the sentinels' password; `None` for
+/// another url (where `sentinel_password_env` is an error), `Some(None)` for a bad one.
+#[allow(clippy::option_option)]
+fn compile_sentinel(
+    raw: &raw::RawStore,
+    url: &Spanned<String>,
+    errors: &mut Errors<'_>,
+) -> Option<Option<SentinelSettings>> {
+    let password = raw
+        .sentinel_password_env
+        .as_ref()
+        .and_then(|variable| password_from(variable, "store.sentinel_password_env", errors));
+    let Some(parsed) = sentinel_url(url.get_ref()) else {
+        if let Some(variable) = &raw.sentinel_password_env {
+            errors.at(
+                Some(variable.span()),
+                "store.sentinel_password_env",
+                "applies to a redis+sentinel:// url only",
+            );
+        }
+        return None;
+    };
+    Some(match parsed {
+        Ok(mut sentinel) => {
+            sentinel.credentials.password = password;
+            Some(sentinel)
+        }
+        Err(error) => {
+            errors.at(Some(url.span()), "store.url", error.to_string());
+            None
+        }
+    })
 }
 
 /// `username`, and the password read from `password_env` (an unset or empty variable is an
@@ -171,24 +211,71 @@ fn compile_credentials(raw: &raw::RawStore, errors: &mut Errors<'_>) -> Credenti
         }
         username.get_ref().clone()
     });
-    let password =
-        raw.password_env
-            .as_ref()
-            .and_then(|variable| match std::env::var(variable.get_ref()) {
-                Ok(password) if !password.is_empty() => Some(Password(password)),
-                _ => {
-                    errors.at(
-                        Some(variable.span()),
-                        "store.password_env",
-                        format!(
-                            "${} is not set (or empty): set it to the Redis password",
-                            variable.get_ref()
-                        ),
-                    );
-                    None
-                }
-            });
+    let password = raw
+        .password_env
+        .as_ref()
+        .and_then(|variable| password_from(variable, "store.password_env", errors));
     Credentials { username, password }
+}
+
+/// The password in the environment variable `variable` names; an unset or empty one is an
+/// error at `key`, naming the variable.
+fn password_from(
+    variable: &Spanned<String>,
+    key: &str,
+    errors: &mut Errors<'_>,
+) -> Option<Password> {
+    match std::env::var(variable.get_ref()) {
+        Ok(password) if !password.is_empty() => Some(Password(password)),
+        _ => {
+            errors.at(
+                Some(variable.span()),
+                key.to_owned(),
+                format!(
+                    "${} is not set (or empty): set it to the password",
+                    variable.get_ref()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// `redis+sentinel://host:port,host:port/NAME[/DB]` (`rediss+sentinel://` for TLS): the
+/// sentinels, the master's name and its database; `None` for any other url.
+fn sentinel_url(url: &str) -> Option<Result<SentinelSettings, RedisUrlError>> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.strip_suffix("+sentinel")?;
+    if scheme != "redis" && scheme != "rediss" {
+        return Some(Err(RedisUrlError::Scheme {
+            url: redacted(url),
+            scheme: format!("{scheme}+sentinel"),
+        }));
+    }
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (master, db) = path.split_once('/').unwrap_or((path, "0"));
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("{scheme}://{host}"))
+        .collect();
+    let db = db.trim_end_matches('/').parse::<i64>().ok();
+    Some(match (sentinels.is_empty(), master.is_empty(), db) {
+        (true, _, _) => Err(RedisUrlError::NoHost(redacted(url))),
+        (false, true, _) | (_, _, None) => Err(RedisUrlError::Node {
+            url: redacted(url),
+            reason: "after the sentinels come the master's name and, optionally, a database number"
+                .to_owned(),
+        }),
+        (false, false, Some(db)) => Ok(SentinelSettings {
+            sentinels,
+            master: master.to_owned(),
+            scheme: scheme.to_owned(),
+            db,
+            credentials: Credentials::default(),
+        }),
+    })
 }
 
 /// Whether a store url carries a password (`redis://user:password@host`), which belongs in
@@ -342,6 +429,66 @@ mod tests {
         ));
         assert!(!message.contains("s3cret"), "{message}");
         assert!(message.contains("gateway:***@"), "{message}");
+    }
+
+    #[test]
+    fn a_sentinel_url_names_the_sentinels_and_the_master() {
+        let redis = policy_with_url("redis+sentinel://10.0.0.5:26379, 10.0.0.6:26379/mymaster/2")
+            .store
+            .redis
+            .unwrap();
+        assert!(redis.nodes.is_empty(), "the master is asked for");
+        let sentinel = redis.sentinel.unwrap();
+        assert_eq!(
+            sentinel.sentinels,
+            ["redis://10.0.0.5:26379", "redis://10.0.0.6:26379"]
+        );
+        assert_eq!((sentinel.master.as_str(), sentinel.db), ("mymaster", 2));
+        assert_eq!(sentinel.scheme, "redis");
+        let tls = policy_with_url("rediss+sentinel://s:26379/main")
+            .store
+            .redis
+            .unwrap();
+        assert_eq!(tls.sentinel.unwrap().scheme, "rediss");
+        let store = |extra: &str, url: &str| {
+            format!("[store]\nbackend = \"redis\"\nurl = \"{url}\"\n{SECRET}{extra}")
+        };
+        for url in [
+            "redis+sentinel://s:26379",
+            "redis+sentinel://s:26379/",
+            "redis+sentinel:///mymaster",
+            "redis+sentinel://s:26379/mymaster/x",
+            "http+sentinel://s:26379/mymaster",
+        ] {
+            assert_eq!(error(&store("", url)).0, "store.url", "{url}");
+        }
+        std::env::set_var("TOLLGATE_TEST_SENTINEL_PASSWORD", "sentinel-secret");
+        let with_password = policy(&store(
+            "sentinel_password_env = \"TOLLGATE_TEST_SENTINEL_PASSWORD\"\n",
+            "redis+sentinel://s:26379/mymaster",
+        ));
+        let sentinel = with_password.store.redis.unwrap().sentinel.unwrap();
+        assert_eq!(
+            sentinel.credentials.password,
+            Some(super::Password("sentinel-secret".to_owned()))
+        );
+        assert_eq!(
+            error(&store(
+                "sentinel_password_env = \"TOLLGATE_TEST_SENTINEL_PASSWORD_UNSET\"\n",
+                "redis+sentinel://s:26379/mymaster"
+            ))
+            .0,
+            "store.sentinel_password_env"
+        );
+        assert_eq!(
+            error(&store(
+                "sentinel_password_env = \"TOLLGATE_TEST_SENTINEL_PASSWORD\"\n",
+                "redis://127.0.0.1:6379"
+            ))
+            .0,
+            "store.sentinel_password_env",
+            "only beside sentinels"
+        );
     }
 
     fn policy_with_url(url: &str) -> crate::config::Policy {

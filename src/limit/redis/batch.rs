@@ -18,12 +18,13 @@ use std::sync::{Arc, OnceLock};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use prometheus::{Histogram, HistogramOpts, IntCounter};
-use redis::aio::ConnectionManager;
+
 use redis::Script;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::decide_call::{read_late_reply, DecideCall, RequestReply, Shape};
+use super::node::Node;
 use super::server_clock::{LateCalls, ServerClock};
 use super::{evaluate, StoreKeys};
 use crate::limit::StoreError;
@@ -86,7 +87,7 @@ impl Batcher {
     /// keeps `server_clock` and counts late calls in `late`.
     pub(super) async fn decide(
         &self,
-        (connection, script): (&ConnectionManager, &Arc<Script>),
+        (node, script): (&Arc<Node>, &Arc<Script>),
         (server_clock, late): (&Arc<ServerClock>, &LateCalls),
         (keys, shape, lease): (StoreKeys, Shape, Option<String>),
         deadline: Instant,
@@ -94,7 +95,7 @@ impl Batcher {
         let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
             tokio::spawn(send_batches(
-                connection.clone(),
+                node.clone(),
                 script.clone(),
                 receiver,
                 Observers {
@@ -152,7 +153,7 @@ struct Observers {
 /// batch of `SECOND_CALL_BATCH` or more, one is). Runs until the store, and with it the
 /// queue's sender, is dropped.
 async fn send_batches(
-    connection: ConnectionManager,
+    node: Arc<Node>,
     script: Arc<Script>,
     mut queue: mpsc::UnboundedReceiver<Queued>,
     observers: Observers,
@@ -201,7 +202,7 @@ async fn send_batches(
             if !batch.is_empty() {
                 observers.sizes.observe(batch.len() as f64);
                 observers.calls.inc();
-                in_flight.push(call(connection.clone(), &script, batch, &observers));
+                in_flight.push(call(&node, &script, batch, &observers));
             }
         }
     }
@@ -214,11 +215,22 @@ async fn send_batches(
 /// to for a while, by a task of its own, to count it if it ran late. Gives back the batch's
 /// vector, emptied.
 async fn call(
-    connection: ConnectionManager,
+    node: &Node,
     script: &Arc<Script>,
     mut batch: Vec<Queued>,
     observers: &Observers,
 ) -> Vec<Queued> {
+    // The node the batch goes to is the one known as it leaves (a master may change between
+    // batches, never within one).
+    let connection = match node.current() {
+        Ok(connection) => connection,
+        Err(error) => {
+            for queued in batch.drain(..) {
+                let _ = queued.reply.send((queued.keys, Err(error.clone())));
+            }
+            return batch;
+        }
+    };
     let mut decide = DecideCall::for_requests(batch.len());
     for queued in &batch {
         decide.push(queued.keys.iter(), &queued.shape, queued.lease.as_deref());

@@ -83,7 +83,7 @@ impl RedisStore {
         command: redis::Cmd,
     ) -> Result<T, StoreError> {
         let result = match &self.connection {
-            Connection::Single(manager) => command.query_async(&mut manager.clone()).await,
+            Connection::Single(node) => command.query_async(&mut node.current()?).await,
             Connection::Cluster(_) => command.query_async(&mut self.cluster().await?).await,
         };
         result.map_err(|error| StoreError::Redis(error.to_string()))
@@ -156,14 +156,19 @@ impl RedisStore {
     pub(crate) async fn follow_resets(store: std::sync::Weak<RedisStore>) {
         let mut attempt = 0usize;
         loop {
-            let Some((client, prefix)) = store.upgrade().and_then(|redis| {
-                redis
-                    .node_client(attempt)
-                    .map(|client| (client, redis.prefix.clone()))
-            }) else {
+            let Some(redis) = store.upgrade() else {
                 return;
             };
+            // No node yet (a master the sentinels have not named): asked again below.
+            let subscribing = redis
+                .node_client(attempt)
+                .map(|client| (client, redis.prefix.clone()));
+            drop(redis);
             attempt += 1;
+            let Some((client, prefix)) = subscribing else {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            };
             if let Ok(mut pubsub) = client.get_async_pubsub().await {
                 let overrides = overrides_channel(&prefix);
                 let channels = [reset_channel(&prefix), overrides.clone()];

@@ -15,6 +15,7 @@ fn unreachable_node(cluster: bool) -> RedisSettings {
         ca_file: None,
         lease: Duration::from_secs(60),
         credentials: Default::default(),
+        sentinel: None,
     }
 }
 

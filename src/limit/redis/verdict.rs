@@ -174,8 +174,8 @@ impl RedisStore {
         keys: StoreKeys,
         deadline: Instant,
     ) -> Result<(StoreKeys, StoreVerdict, Leased), StoreError> {
-        let manager = match &self.connection {
-            Connection::Single(manager) => manager,
+        let node = match &self.connection {
+            Connection::Single(node) => node,
             Connection::Cluster(_) => {
                 // Each call keeps the deadline itself, to be listened to after it. Boxed, as
                 // the token leases' decision is above.
@@ -192,7 +192,7 @@ impl RedisStore {
         let (keys, reply) = self
             .batcher
             .decide(
-                (manager, &self.decide),
+                (node, &self.decide),
                 (&self.server_clock, &self.late),
                 (keys, shape, lease_name),
                 deadline,

@@ -455,13 +455,9 @@ pub fn read_cost(read: &ReadCost, facts: &RequestFacts<'_>) -> f64 {
                 .map_or(Reading::Absent, Reading::of),
             _ => Reading::Absent,
         },
-        Field::Header(name) => {
-            let mut values = facts.headers.get_all(name).iter();
-            match (values.next(), values.next()) {
-                (Some(value), None) => settle::parse_number(value.as_bytes()),
-                _ => Reading::Absent,
-            }
-        }
+        Field::Header(name) => sent_once(facts.headers, name).map_or(Reading::Absent, |value| {
+            settle::parse_number(value.as_bytes())
+        }),
     };
     reading
         .number()
@@ -473,14 +469,9 @@ pub fn read_cost(read: &ReadCost, facts: &RequestFacts<'_>) -> f64 {
 pub fn tier<'l>(limit: &'l Limit, facts: &RequestFacts<'_>) -> Option<&'l Tier> {
     let value: Cow<'_, str> = match limit.tier.as_ref()? {
         TierSource::JwtClaim(path) => scalar_at(facts.claims?, path)?,
+        // Sent twice, the tier is unclear: the limit's own numbers apply.
         TierSource::Header(name) => {
-            let mut values = facts.headers.get_all(name).iter();
-            let value = values.next()?.to_str().ok()?.trim();
-            // Sent twice, the tier is unclear: the limit's own numbers apply.
-            if values.next().is_some() {
-                return None;
-            }
-            Cow::Borrowed(value)
+            Cow::Borrowed(sent_once(facts.headers, name)?.to_str().ok()?.trim())
         }
     };
     limit
@@ -488,6 +479,19 @@ pub fn tier<'l>(limit: &'l Limit, facts: &RequestFacts<'_>) -> Option<&'l Tier> 
         .iter()
         .find(|(name, _)| *name == value)
         .map(|(_, tier)| tier)
+}
+
+/// A header's value when the request sends it exactly once: a number or a tier sent twice
+/// is unclear, and the limit's own applies.
+fn sent_once<'h>(
+    headers: &'h http::HeaderMap,
+    name: &http::HeaderName,
+) -> Option<&'h http::HeaderValue> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) => Some(value),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

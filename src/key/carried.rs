@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use super::{scalar_at, RequestFacts};
+use super::{scalar_at, sent_once, RequestFacts};
 use crate::config::units::{self, MAX_REFILL_SECONDS};
 use crate::config::{CarriedNumbers, Limit, NumberSource, Rate, Tier};
 
@@ -53,12 +53,8 @@ fn text<'f>(source: &NumberSource, facts: &RequestFacts<'f>) -> Option<Cow<'f, s
     match source {
         NumberSource::JwtClaim(path) => scalar_at(facts.claims?, path),
         NumberSource::Header(name) => {
-            let mut values = facts.headers.get_all(name).iter();
-            match (values.next(), values.next()) {
-                (Some(value), None) => value.to_str().ok().map(|text| Cow::Borrowed(text.trim())),
-                // Sent twice, the number is unclear: the limit's own applies.
-                _ => None,
-            }
+            let value = sent_once(facts.headers, name)?.to_str().ok()?;
+            Some(Cow::Borrowed(value.trim()))
         }
     }
 }

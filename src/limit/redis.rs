@@ -14,7 +14,6 @@
 //! replica-local deny cache refuses requests on buckets Redis just reported empty without a
 //! round trip.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +37,7 @@ mod overrides;
 mod refund;
 mod sentinel;
 mod server_clock;
+mod settings;
 mod slots;
 mod token_lease;
 mod verdict;
@@ -47,6 +47,7 @@ pub use keys::slot;
 use keys::{group_by_slot, StoreKeys};
 pub use refund::Refund;
 use server_clock::{LateCalls, ServerClock};
+pub use settings::{Credentials, Password, RedisSettings, SentinelSettings};
 pub use slots::{PendingSlotLeases, SlotLeases};
 
 use super::breaker::{Breaker, CircuitState};
@@ -54,76 +55,6 @@ use super::clock::{self, Clock};
 use super::deny_cache::DenyCache;
 use super::lease::Leases;
 use super::{AdaptiveParams, OutcomeRequest, StoreError};
-
-#[derive(Debug, Clone, PartialEq)]
-/// How the Redis store reaches its nodes (`[store]` with `backend = "redis"`, compiled).
-pub struct RedisSettings {
-    /// Connection URLs: one for a single node, the seed nodes of a Cluster.
-    pub nodes: Vec<String>,
-    pub cluster: bool,
-    /// A store call slower than this is a store failure.
-    pub timeout: Duration,
-    /// How long one (re)connection to a node may take.
-    pub connect_timeout: Duration,
-    /// Prepended to every key: `<prefix><limit>:<key>`.
-    pub prefix: String,
-    /// PEM roots for `rediss://`; `None`: the system's.
-    pub ca_file: Option<PathBuf>,
-    /// How long a concurrency slot lasts in Redis unless renewed (its request renews it while
-    /// in flight): what a replica that dies holds for at most.
-    pub lease: Duration,
-    /// `username` and the password of `password_env`, for every node; they beat what a url
-    /// carries.
-    pub credentials: Credentials,
-    /// `redis+sentinel://`: the master is the one the sentinels name (`nodes` is empty).
-    pub sentinel: Option<SentinelSettings>,
-}
-
-/// Where the sentinels are, which master they watch, and how its node is reached.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SentinelSettings {
-    /// Each sentinel's url (`redis://host:port`, or `rediss://`).
-    pub sentinels: Vec<String>,
-    /// The master's name (`sentinel monitor NAME …`).
-    pub master: String,
-    /// `redis` or `rediss`, and the database number: the master's url once its address is
-    /// known.
-    pub scheme: String,
-    pub db: i64,
-    /// The sentinels' password (`sentinel_password_env`).
-    pub credentials: Credentials,
-}
-
-/// An ACL user and a password, kept out of the policy file.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Credentials {
-    pub username: Option<String>,
-    pub password: Option<Password>,
-}
-
-/// A password: never printed.
-#[derive(Clone, PartialEq)]
-pub struct Password(pub String);
-
-impl std::fmt::Debug for Password {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Password(..)")
-    }
-}
-
-impl Credentials {
-    /// `info` with these credentials in place of its own.
-    fn apply(&self, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
-        let mut settings = info.redis_settings().clone();
-        if let Some(username) = &self.username {
-            settings = settings.set_username(username);
-        }
-        if let Some(Password(password)) = &self.password {
-            settings = settings.set_password(password);
-        }
-        info.set_redis_settings(settings)
-    }
-}
 
 /// Slots of a Redis Cluster.
 const SLOTS: usize = 16384;

@@ -88,6 +88,40 @@ impl RedisServer {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// Waits until this master has a replica and every replica of it has all it wrote.
+    /// (`WAIT` from a new connection would not do: it waits only for that connection's writes.)
+    pub fn wait_replicated(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let info = self.cli(&["INFO", "replication"]);
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|line| line.strip_prefix(name))
+                    .map(|value| value.trim().to_owned())
+            };
+            let written = field("master_repl_offset:");
+            let replicas: Vec<&str> = info
+                .lines()
+                .filter(|line| line.starts_with("slave") && line.contains(":ip="))
+                .collect();
+            let caught_up = !replicas.is_empty()
+                && replicas.iter().all(|replica| {
+                    replica.contains("state=online")
+                        && written
+                            .as_deref()
+                            .is_some_and(|written| replica.contains(&format!("offset={written},")))
+                });
+            if caught_up {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replicas did not catch up: {info}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// A bucket's state as the gateway stores it (little-endian doubles: tokens, then the time
     /// of the last charge or a quota's period, then any adaptive state); `None`: no key.
     pub fn stored_bucket(&self, key: &str) -> Option<Vec<f64>> {
@@ -232,35 +266,7 @@ impl RedisCluster {
 
     /// Waits until `master` has a replica and every replica of it has all it wrote.
     pub fn wait_replicated(&self, master: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let info = self.nodes[master].cli(&["INFO", "replication"]);
-            let field = |name: &str| {
-                info.lines()
-                    .find_map(|line| line.strip_prefix(name))
-                    .map(|value| value.trim().to_owned())
-            };
-            let written = field("master_repl_offset:");
-            let replicas: Vec<&str> = info
-                .lines()
-                .filter(|line| line.starts_with("slave") && line.contains(":ip="))
-                .collect();
-            let caught_up = !replicas.is_empty()
-                && replicas.iter().all(|replica| {
-                    replica.contains("state=online")
-                        && written
-                            .as_deref()
-                            .is_some_and(|written| replica.contains(&format!("offset={written},")))
-                });
-            if caught_up {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "replicas did not catch up: {info}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.nodes[master].wait_replicated();
     }
 
     /// Waits until every running node reports the cluster healthy and `also` holds.

@@ -300,4 +300,5 @@ async fn the_sentinels_and_the_master_are_asked_with_their_passwords() {
         store.hears_resets()
     })
     .await;
+    eventually("a sentinel's switches are heard", || store.hears_switches()).await;
 }

@@ -105,8 +105,8 @@ pub struct RedisStore {
     ca_roots: Option<Vec<u8>>,
     /// The ACL user and password of every connection this store opens.
     credentials: Credentials,
-    /// Under Sentinel, the settings a new master's connection is made with.
-    sentinel: Option<Box<RedisSettings>>,
+    /// Under Sentinel, the sentinels that name the master.
+    sentinel: Option<Box<sentinel::Sentinels>>,
     /// How long a concurrency slot lasts unless renewed.
     pub(crate) lease: Duration,
     /// This replica's token leases of leased buckets, and the script that refills them.
@@ -221,6 +221,14 @@ impl RedisStore {
                 None => Connection::Single(Arc::new(node::Node::awaiting())),
             }
         };
+        let sentinel = match &settings.sentinel {
+            Some(sentinel) => Some(Box::new(sentinel::Sentinels::new(
+                settings,
+                sentinel,
+                roots.as_deref(),
+            )?)),
+            None => None,
+        };
         let slots = if settings.cluster { SLOTS } else { 1 };
         Ok(RedisStore {
             connection,
@@ -244,10 +252,7 @@ impl RedisStore {
             node_urls: settings.nodes.clone(),
             ca_roots: roots,
             credentials: settings.credentials.clone(),
-            sentinel: settings
-                .sentinel
-                .is_some()
-                .then(|| Box::new(settings.clone())),
+            sentinel,
             lease: settings.lease,
             leases: Leases::default(),
             lease_script: token_lease::script(),
@@ -409,8 +414,12 @@ impl RedisStore {
         self.calls.inc();
         Ok(match &self.connection {
             Connection::Single(node) => {
-                let mut connection = node.current()?;
-                Box::pin(async move { evaluate(&script, &command, &mut connection).await })
+                let (mut connection, watcher) = (node.current()?, node.watcher());
+                Box::pin(async move {
+                    let reply = evaluate(&script, &command, &mut connection).await;
+                    watcher.saw(&reply);
+                    reply
+                })
             }
             Connection::Cluster(_) => {
                 let mut connection = self.cluster().await?;
@@ -446,7 +455,11 @@ impl RedisStore {
         let ping = async {
             let result: redis::RedisResult<String> = match &self.connection {
                 Connection::Single(node) => match node.current() {
-                    Ok(mut connection) => redis::cmd("PING").query_async(&mut connection).await,
+                    Ok(mut connection) => {
+                        let reply = redis::cmd("PING").query_async(&mut connection).await;
+                        node.watcher().saw(&reply);
+                        reply
+                    }
                     Err(_) => return false,
                 },
                 Connection::Cluster(_) => match self.cluster().await {

@@ -243,9 +243,13 @@ async fn call(
     // instructions a request at 3.8 requests a call).
     let script = Arc::clone(script);
     let mut connection = connection;
+    let watcher = node.watcher();
     // Owns what it needs, so that a call given up on can go on being listened to.
-    let evaluated =
-        Box::pin(async move { evaluate::<Vec<u8>>(&script, &command, &mut connection).await });
+    let evaluated = Box::pin(async move {
+        let reply = evaluate::<Vec<u8>>(&script, &command, &mut connection).await;
+        watcher.saw(&reply);
+        reply
+    });
     let read_late = read_late_reply(observers.server_clock.clone(), 0);
     let replies = observers
         .late

@@ -83,7 +83,11 @@ impl RedisStore {
         command: redis::Cmd,
     ) -> Result<T, StoreError> {
         let result = match &self.connection {
-            Connection::Single(node) => command.query_async(&mut node.current()?).await,
+            Connection::Single(node) => {
+                let reply = command.query_async(&mut node.current()?).await;
+                node.watcher().saw(&reply);
+                reply
+            }
             Connection::Cluster(_) => command.query_async(&mut self.cluster().await?).await,
         };
         result.map_err(|error| StoreError::Redis(error.to_string()))

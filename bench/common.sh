@@ -89,9 +89,10 @@ CONF
 }
 
 # Row 3: limit_req by client address that never rejects; row 6a: one that refuses nearly all.
-nginx_limit_directives="limit_req zone=perip burst=1000000 nodelay;"
+# As operators run it: a refusal writes no error-log line (its level, info, is below warn).
+nginx_limit_directives="limit_req zone=perip burst=1000000 nodelay; limit_req_log_level info;"
 nginx_limit_zone="limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;"
-nginx_refuse_directives="limit_req zone=one; limit_req_status 429;"
+nginx_refuse_directives="limit_req zone=one; limit_req_status 429; limit_req_log_level info;"
 nginx_refuse_zone="limit_req_zone \$binary_remote_addr zone=one:10m rate=1r/m;"
 
 # whole_numbers NAME=VALUE...: each VALUE a whole number of at least 1, or the script stops.

@@ -126,8 +126,9 @@ isolation_row() {
 nginx_by_address="limit_req_zone \$binary_remote_addr zone=one:10m rate=1r/m;"
 nginx_by_address_never="limit_req_zone \$binary_remote_addr zone=one:10m rate=100000000r/s;"
 nginx_by_user="limit_req_zone \$http_x_user_id zone=one:10m rate=1r/m;"
-refuse="limit_req zone=one;"
-admit="limit_req zone=one burst=1000000 nodelay;"
+# No error-log line per refusal, as operators run it (info is below the error log's level).
+refuse="limit_req zone=one; limit_req_log_level info;"
+admit="limit_req zone=one burst=1000000 nodelay; limit_req_log_level info;"
 one='"per_network"'
 three='"per_network", "per_user", "everyone"'
 policy refuse1 0 1 "1/h" "$one"

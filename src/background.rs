@@ -27,7 +27,8 @@ pub(crate) fn spawn_load_ticker(shared: Weak<Shared>) {
     });
 }
 
-/// Drops state that carries no information any more (full buckets) every 5 s.
+/// Drops state that carries no information any more (full buckets, networks with no
+/// connection open whose bucket of new connections refilled) every 5 s.
 pub(crate) fn spawn_sweeper(shared: Weak<Shared>) {
     tokio::spawn(async move {
         let mut interval = tokio::time::interval(Duration::from_secs(5));
@@ -38,6 +39,8 @@ pub(crate) fn spawn_sweeper(shared: Weak<Shared>) {
             };
             shared.store.sweep();
             shared.local.sweep();
+            let runtime = shared.runtime.load();
+            shared.connections.sweep(&runtime.policy.server.connections);
         }
     });
 }

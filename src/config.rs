@@ -6,6 +6,7 @@ pub mod costs;
 #[cfg(test)]
 pub(crate) use compile::testing;
 pub mod decision;
+mod edge;
 pub mod raw;
 mod summary;
 pub mod units;
@@ -20,6 +21,7 @@ use http::{Method, Uri};
 use ipnet::IpNet;
 
 pub use decision::{DecisionSettings, DescriptorEntry, DescriptorRule};
+pub use edge::{ConnectionLimits, NetworkRate, ProxyProtocol};
 pub use raw::{
     Backend, HeaderMode, Http1Path, KeySource, Missing, Mode, Normalize, Reuse, StoreFailurePolicy,
 };
@@ -72,6 +74,10 @@ pub struct ServerSettings {
     /// Keep request fields whose names have underscores (`x_user_id`); by default they are
     /// dropped, as nginx does, since CGI-style servers read `x_user_id` and `X-User-Id` alike.
     pub underscores_in_headers: bool,
+    /// `[server.connections]`, checked as a proxy listener accepts.
+    pub connections: ConnectionLimits,
+    /// Peers that must begin their connections with a PROXY header.
+    pub proxy_protocol: Option<ProxyProtocol>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -16,12 +16,14 @@ pub use labels::{Outcome, StatusClass, NO_ROUTE};
 use per_thread::Family;
 pub use per_thread::{Counter, Histogram, IntCounter, IntGauge};
 
+mod connections;
 mod decision;
 mod labels;
 mod overrides;
 mod per_thread;
 mod settled;
 
+pub use connections::ConnectionMetrics;
 pub use overrides::{OverrideChange, OverrideMetrics};
 pub use settled::SettleMetrics;
 
@@ -67,6 +69,8 @@ pub struct Metrics {
     settle: settled::SettleFamilies,
     /// `tollgate_overrides_active`, `tollgate_override_changes_total`.
     pub overrides: OverrideMetrics,
+    /// `tollgate_connections_open`, `tollgate_connections_refused_total`.
+    pub connections: ConnectionMetrics,
 }
 
 /// Latency buckets from 100 µs to 10 s.
@@ -253,6 +257,7 @@ impl Metrics {
         load_factor.set(1.0);
         let settle = settled::SettleFamilies::new(&registry);
         let overrides = OverrideMetrics::new(&registry);
+        let connections = ConnectionMetrics::new(&registry);
         for result in ["ok", "error"] {
             config_reloads.with_label_values(&[result]);
         }
@@ -289,6 +294,7 @@ impl Metrics {
             load_factor,
             settle,
             overrides,
+            connections,
         }
     }
 

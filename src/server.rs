@@ -32,9 +32,12 @@ use crate::gateway::Gateway;
 use crate::limit::clock;
 use crate::respond::SetFields;
 use crate::shared::Shared;
-use client_hello::HelloRecorder;
+use accepted::Accepted;
+pub(crate) use edge::Listener;
 
+mod accepted;
 mod client_hello;
+mod edge;
 mod http1;
 
 /// hyper's smallest read buffer.
@@ -90,6 +93,7 @@ pub(crate) async fn listen(
             shared.clone(),
             gateway.clone(),
             settings,
+            Listener::Proxy,
             shutdown.clone(),
         );
         listeners.spawn(serving);
@@ -113,6 +117,7 @@ pub(crate) async fn listen(
         shared.clone(),
         service,
         settings,
+        Listener::Decision,
         shutdown.clone(),
     ));
     Ok(Bound {
@@ -122,11 +127,14 @@ pub(crate) async fn listen(
 }
 
 /// Accepts connections until shutdown; each connection is a task of the gateway's tracker.
+/// A connection that must begin with a PROXY header has it read by its own task; one that
+/// need not is judged by `[server.connections]` before a task is made for it.
 pub(crate) async fn serve<A: Answering>(
     listener: TcpListener,
     shared: Arc<Shared>,
     answering: A,
     settings: ServerSettings,
+    kind: Listener,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let builder = Arc::new(connection_builder(&settings));
@@ -136,66 +144,60 @@ pub(crate) async fn serve<A: Answering>(
             accepted = accept(&listener) => accepted,
             _ = shutdown.changed() => break,
         };
-        let Some((stream, peer)) = accepted else {
+        let Some((mut stream, peer)) = accepted else {
             continue;
         };
         let _ = stream.set_nodelay(true);
         let peer = peer.ip().to_canonical();
-        let (answering, builder, shutdown) = (answering.clone(), builder.clone(), shutdown.clone());
-        let guards = ConnectionGuards {
-            own_http1: settings.http1 == Http1Path::Fast,
-            max_head_bytes: settings.max_header_bytes.max(MIN_BUFFER),
-            header_read_timeout: settings.header_read_timeout,
-            idle_timeout: settings.idle_timeout,
+        let header_expected = edge::expects_header(&shared, peer);
+        let open = match kind {
+            Listener::Proxy if !header_expected => match edge::admit(&shared, peer) {
+                Some(open) => Some(open),
+                None => continue,
+            },
+            _ => None,
+        };
+        let accepted = Accepted {
+            shared: shared.clone(),
+            answering: answering.clone(),
+            builder: builder.clone(),
+            guards: ConnectionGuards {
+                own_http1: settings.http1 == Http1Path::Fast,
+                max_head_bytes: settings.max_header_bytes.max(MIN_BUFFER),
+                header_read_timeout: settings.header_read_timeout,
+                idle_timeout: settings.idle_timeout,
+            },
+            shutdown: shutdown.clone(),
+            tls,
         };
         // Spawned boxed: a task's cell is written when it is spawned and again when it ends,
         // and a connection's future is kilobytes (a flood of one request per connection paid
         // for three copies of it).
-        let tasks = &shared.tasks;
-        if tls {
-            let acceptor = shared.tls.load_full();
-            let serving = serve_tls(stream, peer, acceptor, answering, builder, guards, shutdown);
-            tasks.spawn(Box::pin(serving));
+        if header_expected {
+            shared.tasks.spawn(Box::pin(async move {
+                let timeout = accepted.guards.header_read_timeout;
+                let shared = accepted.shared.clone();
+                let Some(client) =
+                    edge::client_from_header(&shared, &mut stream, peer, timeout).await
+                else {
+                    return;
+                };
+                let open = match kind {
+                    Listener::Proxy => match edge::admit(&shared, client) {
+                        Some(open) => Some(open),
+                        None => return,
+                    },
+                    Listener::Decision => None,
+                };
+                accepted.serve(stream, client, open).await;
+            }));
         } else {
-            let connection = Connection::new(peer, "http");
-            let serving =
-                serve_connection(stream, connection, answering, builder, guards, shutdown);
-            tasks.spawn(Box::pin(serving));
+            shared
+                .tasks
+                .spawn(Box::pin(accepted.serve(stream, peer, open)));
         }
     }
     tracing::info!("listener closed");
-}
-
-/// A TLS connection: its handshake (recording the ClientHello for its JA4) within the header
-/// read timeout, then its requests.
-async fn serve_tls<A: Answering>(
-    stream: TcpStream,
-    peer: std::net::IpAddr,
-    acceptor: Option<Arc<tokio_rustls::TlsAcceptor>>,
-    answering: A,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    guards: ConnectionGuards,
-    shutdown: watch::Receiver<bool>,
-) {
-    let Some(acceptor) = acceptor else {
-        return;
-    };
-    let handshake = acceptor.accept(HelloRecorder::new(stream));
-    match tokio::time::timeout(guards.header_read_timeout, handshake).await {
-        Ok(Ok(mut stream)) => {
-            let mut connection = Connection::new(peer, "https");
-            connection.ja4 = stream.get_mut().0.fingerprint().map(Arc::from);
-            let guards = ConnectionGuards {
-                own_http1: guards.own_http1 && stream.get_ref().1.alpn_protocol() != Some(b"h2"),
-                ..guards
-            };
-            let serving =
-                serve_connection(stream, connection, answering, builder, guards, shutdown);
-            Box::pin(serving).await;
-        }
-        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-    }
 }
 
 /// The next connection; `None` after a failed accept, once the listener has backed off:

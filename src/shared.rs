@@ -10,6 +10,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::client_ip::{TrustWarning, MANY_FORWARDING_PEERS};
 use crate::config::Policy;
+use crate::connection_limits::ConnectionGate;
 use crate::errors::{ReloadError, StartError};
 use crate::key::KeyHasher;
 use crate::limit::{Clock, MemoryStore, RedisStore, Store};
@@ -43,6 +44,8 @@ pub(crate) struct Shared {
     /// Connections and upgraded streams: shutdown waits for them.
     pub(crate) tasks: TaskTracker,
     pub(crate) request_ids: RequestIds,
+    /// The proxy listeners' open connections (`[server.connections]`).
+    pub(crate) connections: Arc<ConnectionGate>,
 }
 
 /// Whether each trust warning has been logged (each is logged once per process).
@@ -111,7 +114,12 @@ impl Shared {
                 .map_err(StartError::Overrides)?;
         let runtime = Runtime::new(policy.clone(), &metrics).map_err(StartError::Upstream)?;
         let tls = crate::tls::acceptor(policy.server.tls.as_ref()).map_err(StartError::Tls)?;
+        let connections = Arc::new(ConnectionGate::new(
+            clock.clone(),
+            metrics.connections.open.clone(),
+        ));
         Ok(Shared {
+            connections,
             overrides,
             store_calls: metrics.store_call(store.backend()),
             store,

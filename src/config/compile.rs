@@ -5,6 +5,7 @@ mod auth;
 mod carried;
 mod costs;
 mod decision;
+mod edge;
 mod geoip;
 mod limits;
 mod penalties;
@@ -378,12 +379,18 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
 
 /// `[server]` and `[admin]`; the admin listener never on a public listener's address.
 fn compile_listeners(
-    raw_server: raw::RawServer,
+    mut raw_server: raw::RawServer,
     raw_admin: raw::RawAdmin,
     base: Option<&Path>,
     errors: &mut Errors<'_>,
 ) -> (super::ServerSettings, super::AdminSettings) {
-    let server = server::compile_server(raw_server, base, errors);
+    let connections = edge::compile_connections(raw_server.connections.take(), errors);
+    let proxy_protocol = edge::compile_proxy_protocol(raw_server.proxy_protocol.take(), errors);
+    let server = super::ServerSettings {
+        connections,
+        proxy_protocol,
+        ..server::compile_server(raw_server, base, errors)
+    };
     let admin_span = raw_admin.listen.as_ref().map(toml::Spanned::span);
     let admin = server::compile_admin(raw_admin, errors);
     if let Some(public) = server

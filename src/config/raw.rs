@@ -15,11 +15,13 @@ use toml::Spanned;
 use super::units::{self, Rate};
 
 mod decision;
+mod edge;
 mod limit;
 mod overrides;
 mod route_limit;
 
 pub use decision::{RawDecision, RawDescriptorEntry, RawDescriptorRule};
+pub use edge::{RawConnections, RawNetworkRate, RawProxyProtocol};
 pub use limit::{RawBan, RawCarried, RawLimit, RawNumber, RawRefusal, RawTier, RawTierSource};
 pub use overrides::RawOverrides;
 pub use route_limit::{RawCost, RawReadCost, RawRouteLimit, RawSettle, RawSettleField};
@@ -106,6 +108,8 @@ pub struct RawServer {
     pub http1: Option<Http1Path>,
     pub path_matching: Option<crate::path::PathMatching>,
     pub underscores_in_headers: Option<bool>,
+    pub connections: Option<RawConnections>,
+    pub proxy_protocol: Option<Spanned<RawProxyProtocol>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -85,6 +85,9 @@ pub(super) fn compile_server(
         http1: raw.http1.unwrap_or_default(),
         path_matching: raw.path_matching.unwrap_or_default(),
         underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
+        // `compile_listeners` sets these (`edge.rs`).
+        connections: Default::default(),
+        proxy_protocol: None,
     }
 }
 

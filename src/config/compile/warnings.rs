@@ -29,6 +29,7 @@ pub(super) fn warnings(policy: &Policy) -> Vec<String> {
         route_warnings(route, &mut warnings);
     }
     unreachable_warnings(policy, &mut warnings);
+    super::edge::warnings(policy, &mut warnings);
     if policy.decision.is_some() {
         warnings.extend(decision::warnings(policy));
     }

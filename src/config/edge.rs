@@ -1,0 +1,43 @@
+//! `[server.connections]` and `[server] proxy_protocol`, compiled: what a proxy listener checks
+//! of a connection before it reads a byte of its request.
+
+use ipnet::IpNet;
+
+/// `[server.connections]`: each unset by default (no limit).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConnectionLimits {
+    /// Open client connections in all.
+    pub max: Option<usize>,
+    /// New connections per client network: a token bucket.
+    pub per_network: Option<NetworkRate>,
+    /// Open connections per client network.
+    pub max_per_network: Option<u32>,
+}
+
+impl ConnectionLimits {
+    /// Whether connections are counted per client network.
+    pub fn per_network_apply(&self) -> bool {
+        self.per_network.is_some() || self.max_per_network.is_some()
+    }
+}
+
+/// `per_network = { capacity, rate }`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NetworkRate {
+    pub capacity: f64,
+    /// Connections per second.
+    pub rate: f64,
+}
+
+/// `[server] proxy_protocol = { from = [...] }`: peers whose connections begin with a PROXY
+/// header (v1 or v2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyProtocol {
+    pub from: Vec<IpNet>,
+}
+
+impl ProxyProtocol {
+    pub fn expected_from(&self, peer: std::net::IpAddr) -> bool {
+        self.from.iter().any(|network| network.contains(&peer))
+    }
+}

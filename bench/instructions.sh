@@ -10,6 +10,7 @@
 #   REFUSING=1 bench/instructions.sh     # row 6b: every request refused (429)
 #   MORE_FIELDS=1 bench/instructions.sh  # six more non-standard header fields per request
 #   CLOSE=1 bench/instructions.sh        # `Connection: close`: a TCP connection per request
+#   UPSTREAM_KEEP_ALIVE=1 bench/instructions.sh  # the upstream answers `Connection: keep-alive`
 #   JWT=claim bench/instructions.sh      # every request carries an RS256 bearer token, and the
 #                                        # per-user limit is keyed by its verified `sub`;
 #                                        # JWT=header: the same token, the limit keyed by header
@@ -127,6 +128,7 @@ if [[ -n "${JWT:-}" ]]; then
   fields+=(-H "authorization: Bearer $token")
 fi
 url="http://127.0.0.1:$port/"
+[[ -n "${UPSTREAM_KEEP_ALIVE:-}" ]] && url+="keep-alive"
 if [[ -n "${DECISION:-}" ]]; then
   url="http://127.0.0.1:$decision_port/decide"
   fields+=(-H 'x-forwarded-method: GET' -H 'x-forwarded-uri: /' -H 'x-forwarded-for: 127.0.0.1')

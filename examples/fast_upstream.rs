@@ -2,7 +2,8 @@
 //! bodies settled costs read, whatever the path before their last segment:
 //! - `…/json`: a 4 KiB chat completion, `usage` last;
 //! - `…/sse`: 100 events of an OpenAI-style stream, each its own frame, then the usage event;
-//! - `…/sse-held`: 50 events, then nothing for 60 s before the usage event (streams in flight).
+//! - `…/sse-held`: 50 events, then nothing for 60 s before the usage event (streams in flight);
+//! - `…/keep-alive`: `200 ok` with `Connection: keep-alive`, as nginx and Node upstreams send it.
 //!
 //! Usage: cargo run --release --example fast_upstream -- 127.0.0.1:3000
 
@@ -44,6 +45,15 @@ async fn main() -> std::io::Result<()> {
                     "json" => typed(Full::new(json.clone()).boxed(), "application/json"),
                     "sse" => stream_of(events.clone(), Duration::ZERO),
                     "sse-held" => stream_of(events[..50].to_vec(), Duration::from_secs(60)),
+                    "keep-alive" => {
+                        let mut response =
+                            Response::new(Full::new(Bytes::from_static(b"ok\n")).boxed());
+                        response.headers_mut().insert(
+                            hyper::header::CONNECTION,
+                            hyper::header::HeaderValue::from_static("keep-alive"),
+                        );
+                        response
+                    }
                     _ => Response::new(Full::new(Bytes::from_static(b"ok\n")).boxed()),
                 };
                 async move { Ok::<_, Infallible>(response) }

@@ -145,13 +145,35 @@ pub(crate) fn header_tokens(headers: &HeaderMap, name: HeaderName) -> impl Itera
 /// `Transfer_Encoding` and `Content_Length` go too: some servers read `_` as `-`, and would
 /// frame the message by a field the gateway never saw as framing.
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // Most messages carry none: one pass over the names instead of a lookup per name.
-    let any = headers.keys().any(|name| {
-        *name == header::UPGRADE || HOP_BY_HOP.contains(name) || is_framing_in_disguise(name)
-    });
-    if !any && !keep_upgrade {
-        return;
+    // Most messages carry none, and most that do carry only `Connection: keep-alive` (or
+    // `close`), which names no field: one pass over the names instead of a lookup per name.
+    let (mut connection, mut others) = (false, false);
+    for name in headers.keys() {
+        if *name == header::CONNECTION {
+            connection = true;
+        } else if *name == header::UPGRADE
+            || HOP_BY_HOP.contains(name)
+            || is_framing_in_disguise(name)
+        {
+            others = true;
+        }
     }
+    if keep_upgrade || others {
+        remove_every_hop_by_hop(headers, keep_upgrade);
+    } else if connection {
+        let names_a_field = header_tokens(headers, header::CONNECTION).any(|token| {
+            !token.eq_ignore_ascii_case("keep-alive") && !token.eq_ignore_ascii_case("close")
+        });
+        if names_a_field {
+            remove_every_hop_by_hop(headers, keep_upgrade);
+        } else {
+            headers.remove(header::CONNECTION);
+        }
+    }
+}
+
+/// [`remove_hop_by_hop`] the long way, whatever the message carries.
+fn remove_every_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for disguised in UNDERSCORED_FRAMING {
         headers.remove(disguised);
     }
@@ -415,5 +437,39 @@ mod tests {
         remove_hop_by_hop(&mut headers, true);
         assert_eq!(headers[header::UPGRADE], "websocket");
         assert_eq!(headers[header::CONNECTION], "upgrade");
+    }
+
+    #[test]
+    fn the_short_ways_out_remove_what_the_long_way_does() {
+        let fields: [&[(&str, &str)]; 9] = [
+            &[],
+            &[("content-length", "5")],
+            &[("connection", "keep-alive"), ("content-length", "5")],
+            &[("connection", "Close")],
+            &[("connection", "keep-alive, x-secret"), ("x-secret", "1")],
+            &[("connection", "keep-alive"), ("keep-alive", "timeout=5")],
+            &[
+                ("connection", "keep-alive"),
+                ("transfer-encoding", "chunked"),
+                ("content-length", "5"),
+            ],
+            &[("connection", "upgrade"), ("upgrade", "websocket")],
+            &[("connection", "keep-alive"), ("content_length", "9")],
+        ];
+        for case in fields {
+            for keep_upgrade in [false, true] {
+                let mut headers = HeaderMap::new();
+                for (name, value) in case {
+                    headers.append(
+                        HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                        HeaderValue::from_static(value),
+                    );
+                }
+                let mut long_way = headers.clone();
+                super::remove_every_hop_by_hop(&mut long_way, keep_upgrade);
+                remove_hop_by_hop(&mut headers, keep_upgrade);
+                assert_eq!(headers, long_way, "{case:?}, keep_upgrade {keep_upgrade}");
+            }
+        }
     }
 }

@@ -80,22 +80,26 @@ impl SetFields {
         }
     }
 
-    /// Puts the fields into `headers`, replacing fields of the same names.
+    /// Puts the fields into `headers`, replacing fields of the same names. Values that change
+    /// from response to response (numbers, the request id, texts with numbers in them) are
+    /// marked never to be indexed: HTTP/2's HPACK would otherwise insert each into its table,
+    /// and walk every one of a name's entries to look up the next.
     pub fn apply(self, headers: &mut HeaderMap) {
         for (name, value) in self.0 {
-            let value = match value {
-                FieldValue::Static(text) => HeaderValue::from_static(text),
-                FieldValue::Number(number) => HeaderValue::from(number),
+            let (mut value, changing) = match value {
+                FieldValue::Static(text) => (HeaderValue::from_static(text), false),
+                FieldValue::Number(number) => (HeaderValue::from(number), true),
                 FieldValue::Text(text) => match HeaderValue::try_from(text) {
-                    Ok(value) => value,
+                    Ok(value) => (value, true),
                     Err(_) => continue,
                 },
                 FieldValue::Name(name) => match HeaderValue::from_str(&name) {
-                    Ok(value) => value,
+                    Ok(value) => (value, false),
                     Err(_) => continue,
                 },
-                FieldValue::RequestId(id) => id.to_header_value(),
+                FieldValue::RequestId(id) => (id.to_header_value(), true),
             };
+            value.set_sensitive(changing);
             headers.insert(name.clone(), value);
         }
     }
@@ -514,5 +518,24 @@ mod tests {
         );
         assert_eq!(header(&response, "ratelimit"), "\"per_account\";r=0;t=120");
         assert_eq!(header(&response, "ratelimit-reset"), "600");
+    }
+
+    #[test]
+    fn values_that_change_per_response_are_never_indexed_and_names_are() {
+        static REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+        static ROUTE: HeaderName = HeaderName::from_static("x-tollgate-route");
+        static POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+        static KIND: HeaderName = HeaderName::from_static("x-kind");
+        let mut fields = SetFields::default();
+        fields.set(&REMAINING, FieldValue::Number(7));
+        fields.set(&ROUTE, FieldValue::Name("login".into()));
+        fields.set(&POLICY, FieldValue::Text("10;w=60".to_owned()));
+        fields.set(&KIND, FieldValue::Static("limited"));
+        let mut headers = HeaderMap::new();
+        fields.apply(&mut headers);
+        let sensitive = |name: &HeaderName| headers[name].is_sensitive();
+        assert!(sensitive(&REMAINING) && sensitive(&POLICY));
+        assert!(!sensitive(&ROUTE) && !sensitive(&KIND));
+        assert_eq!(headers[&REMAINING], "7");
     }
 }

@@ -10,6 +10,8 @@
 #   REFUSING=1 bench/instructions.sh     # row 6b: every request refused (429)
 #   MORE_FIELDS=1 bench/instructions.sh  # six more non-standard header fields per request
 #   CLOSE=1 bench/instructions.sh        # `Connection: close`: a TCP connection per request
+#   CONN_REFUSED=1 bench/instructions.sh # every connection refused by [server.connections] as
+#                                        # it is accepted (the count is per refused connection)
 #   UPSTREAM_KEEP_ALIVE=1 bench/instructions.sh  # the upstream answers `Connection: keep-alive`
 #   JWT=claim bench/instructions.sh      # every request carries an RS256 bearer token, and the
 #                                        # per-user limit is keyed by its verified `sub`;
@@ -33,7 +35,7 @@ fi
 optional=()
 [[ -n "${STORE:-}" ]] && optional+=(redis-server redis-cli)
 [[ "$proxy" == nginx ]] && optional+=(nginx)
-[[ -n "${OVERRIDE:-}" ]] && optional+=(curl)
+[[ -n "${OVERRIDE:-}${CONN_REFUSED:-}" ]] && optional+=(curl)
 for tool in wrk valgrind callgrind_control python3 taskset "${optional[@]}"; do
   if ! command -v "$tool" >/dev/null; then
     echo "bench: missing $tool. On Debian: apt-get install wrk valgrind python3 redis-server nginx-light" >&2
@@ -93,6 +95,9 @@ else
   admin=$(free_port)
   three_limit_policy "$port" "$admin" "$upstream_port" "$store_section" "${limits[@]}" \
     > "$work/policy.toml"
+  if [[ -n "${CONN_REFUSED:-}" ]]; then
+    printf '[server.connections]\nper_network = { capacity = 1, rate = "1/h" }\n' >> "$work/policy.toml"
+  fi
   if [[ -n "${DECISION:-}" ]]; then
     decision_port=$(free_port)
     printf '[decision]\nlisten = "127.0.0.1:%s"\n' "$decision_port" >> "$work/policy.toml"
@@ -136,12 +141,22 @@ fi
 load() {
   taskset -c 0 wrk -t1 -c8 -d"$1" "${fields[@]}" "$url"
 }
+# Connections refused by [server.connections], from the gateway's own count.
+refused_connections() {
+  curl -fsS "http://127.0.0.1:$admin/metrics" |
+    awk '/^tollgate_connections_refused_total\{reason="rate"\}/ {print $2}'
+}
 load 3s >/dev/null # warm-up: connections, pools, caches
+[[ -n "${CONN_REFUSED:-}" ]] && refused_before=$(refused_connections)
 callgrind_control --zero "$gateway" >/dev/null
 [[ -n "$store_section" ]] && redis-cli -p "$redis_port" config resetstat >/dev/null
 output=$(load 8s)
 callgrind_control --dump "$gateway" >/dev/null
 requests=$(awk '/requests in/ {print $1}' <<<"$output")
+if [[ -n "${CONN_REFUSED:-}" ]]; then
+  requests=$(($(refused_connections) - refused_before))
+  echo "$requests connections refused as accepted"
+fi
 if [[ -n "$store_section" ]]; then
   # The count depends on how many decisions share a script call (a call's work is shared by
   # its batch), which depends on how fast the gateway runs: say it with the count.

@@ -82,6 +82,7 @@ fn write_header(out: &mut String, policy: &Policy) {
         "client address: {trust}; networks /{} (IPv4), /{} (IPv6)",
         policy.client_ip.ipv4_prefix, policy.client_ip.ipv6_prefix
     );
+    write_edge(out, policy);
     if policy.decision.is_some() {
         let _ = writeln!(
             out,
@@ -92,6 +93,39 @@ fn write_header(out: &mut String, policy: &Policy) {
         let _ = writeln!(out, "identity: {jwt}");
     }
     write_store(out, policy);
+}
+
+/// Which peers send PROXY headers, and `[server.connections]`.
+fn write_edge(out: &mut String, policy: &Policy) {
+    if let Some(proxy_protocol) = &policy.server.proxy_protocol {
+        let from: Vec<String> = proxy_protocol
+            .from
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let _ = writeln!(
+            out,
+            "PROXY headers from {}: their source is the client",
+            from.join(", ")
+        );
+    }
+    let connections = &policy.server.connections;
+    let mut limits = Vec::new();
+    if let Some(max) = connections.max {
+        limits.push(format!("{max} open in all"));
+    }
+    if let Some(max) = connections.max_per_network {
+        limits.push(format!("{max} open per network"));
+    }
+    if let Some(rate) = connections.per_network {
+        limits.push(format!(
+            "{} new per network, then {}/s",
+            rate.capacity, rate.rate
+        ));
+    }
+    if !limits.is_empty() {
+        let _ = writeln!(out, "connections: {}", limits.join(", "));
+    }
 }
 
 /// Where buckets live, and where overrides are kept.
@@ -424,6 +458,26 @@ mod tests {
         );
         assert!(
             summary.contains("refused with 503, no Retry-After"),
+            "{summary}"
+        );
+    }
+
+    #[test]
+    fn check_names_the_proxy_header_peers_and_the_connection_limits() {
+        let policy = Policy::parse(
+            "test.toml",
+            "[server]\nproxy_protocol = { from = [\"10.0.0.0/8\"] }\n[server.connections]\nmax = 20000\nper_network = { capacity = 60, rate = \"20/s\" }\nmax_per_network = 200\n[upstreams.app]\nurl = \"http://127.0.0.1:3000\"\n[[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+        )
+        .unwrap_or_else(|errors| panic!("{errors}"));
+        let summary = policy.summary();
+        assert!(
+            summary.contains("PROXY headers from 10.0.0.0/8: their source is the client"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains(
+                "connections: 20000 open in all, 200 open per network, 60 new per network, then 20/s"
+            ),
             "{summary}"
         );
     }

@@ -13,6 +13,7 @@
 #   CONN_REFUSED=1 bench/instructions.sh # every connection refused by [server.connections] as
 #                                        # it is accepted (the count is per refused connection)
 #   UPSTREAM_KEEP_ALIVE=1 bench/instructions.sh  # the upstream answers `Connection: keep-alive`
+#   H2=1 bench/instructions.sh           # HTTP/2 with prior knowledge (h2c), sent by h2load
 #   JWT=claim bench/instructions.sh      # every request carries an RS256 bearer token, and the
 #                                        # per-user limit is keyed by its verified `sub`;
 #                                        # JWT=header: the same token, the limit keyed by header
@@ -36,6 +37,7 @@ optional=()
 [[ -n "${STORE:-}" ]] && optional+=(redis-server redis-cli)
 [[ "$proxy" == nginx ]] && optional+=(nginx)
 [[ -n "${OVERRIDE:-}${CONN_REFUSED:-}" ]] && optional+=(curl)
+[[ -n "${H2:-}" ]] && optional+=(h2load)
 for tool in wrk valgrind callgrind_control python3 taskset "${optional[@]}"; do
   if ! command -v "$tool" >/dev/null; then
     echo "bench: missing $tool. On Debian: apt-get install wrk valgrind python3 redis-server nginx-light" >&2
@@ -139,7 +141,12 @@ if [[ -n "${DECISION:-}" ]]; then
   fields+=(-H 'x-forwarded-method: GET' -H 'x-forwarded-uri: /' -H 'x-forwarded-for: 127.0.0.1')
 fi
 load() {
-  taskset -c 0 wrk -t1 -c8 -d"$1" "${fields[@]}" "$url"
+  if [[ -n "${H2:-}" ]]; then
+    # Eight connections of four streams at a time: the same eight connections as wrk's.
+    taskset -c 0 h2load -c8 -m4 -D "${1%s}" "${fields[@]}" "$url"
+  else
+    taskset -c 0 wrk -t1 -c8 -d"$1" "${fields[@]}" "$url"
+  fi
 }
 # Connections refused by [server.connections], from the gateway's own count.
 refused_connections() {
@@ -152,7 +159,7 @@ callgrind_control --zero "$gateway" >/dev/null
 [[ -n "$store_section" ]] && redis-cli -p "$redis_port" config resetstat >/dev/null
 output=$(load 8s)
 callgrind_control --dump "$gateway" >/dev/null
-requests=$(awk '/requests in/ {print $1}' <<<"$output")
+requests=$(awk '/requests in/ {print $1} /^requests:/ {print $6}' <<<"$output")
 if [[ -n "${CONN_REFUSED:-}" ]]; then
   requests=$(($(refused_connections) - refused_before))
   echo "$requests connections refused as accepted"

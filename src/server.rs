@@ -270,7 +270,10 @@ async fn serve_connection<S, A: Answering>(
         async move {
             let request = request.map(RequestBody::Incoming);
             let mut fields = SetFields::default();
-            let mut response = answering.answer(request, &connection, &mut fields).await;
+            // Boxed: HTTP/2 spawns this future for each stream, and the gateway's answer is
+            // tens of kilobytes; inline, the spawn copied it several times over.
+            let answer = Box::pin(answering.answer(request, &connection, &mut fields));
+            let mut response = answer.await;
             fields.apply(response.headers_mut());
             response
         }

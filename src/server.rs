@@ -149,14 +149,19 @@ pub(crate) async fn serve<A: Answering>(
         };
         let _ = stream.set_nodelay(true);
         let peer = peer.ip().to_canonical();
-        let header_expected = edge::expects_header(&shared, peer);
+        // The policy in force as the connection comes (a reload changes the next one's).
+        let runtime = shared.runtime.load();
+        let header_expected = edge::expects_header(&runtime.policy, peer);
         let open = match kind {
-            Listener::Proxy if !header_expected => match edge::admit(&shared, peer) {
-                Some(open) => Some(open),
-                None => continue,
-            },
+            Listener::Proxy if !header_expected => {
+                match edge::admit(&shared, &runtime.policy, peer) {
+                    Some(open) => Some(open),
+                    None => continue,
+                }
+            }
             _ => None,
         };
+        drop(runtime);
         let accepted = Accepted {
             shared: shared.clone(),
             answering: answering.clone(),
@@ -183,10 +188,12 @@ pub(crate) async fn serve<A: Answering>(
                     return;
                 };
                 let open = match kind {
-                    Listener::Proxy => match edge::admit(&shared, client) {
-                        Some(open) => Some(open),
-                        None => return,
-                    },
+                    Listener::Proxy => {
+                        match edge::admit(&shared, &shared.runtime.load().policy, client) {
+                            Some(open) => Some(open),
+                            None => return,
+                        }
+                    }
                     Listener::Decision => None,
                 };
                 accepted.serve(stream, client, open).await;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
+use crate::config::Policy;
 use crate::connection_limits::{self, OpenConnection, Refusal};
 use crate::proxy_protocol::{self, HeaderError, Version, V1_MAX, V2_FIXED};
 use crate::shared::Shared;
@@ -20,11 +21,9 @@ pub(crate) enum Listener {
     Decision,
 }
 
-/// Whether `peer` must begin with a PROXY header, as the policy in force says.
-pub(super) fn expects_header(shared: &Shared, peer: IpAddr) -> bool {
-    let runtime = shared.runtime.load();
-    runtime
-        .policy
+/// Whether `peer` must begin with a PROXY header.
+pub(super) fn expects_header(policy: &Policy, peer: IpAddr) -> bool {
+    policy
         .server
         .proxy_protocol
         .as_ref()
@@ -56,9 +55,7 @@ pub(super) async fn client_from_header(
 
 /// Counts a proxy listener's connection from `client` open, or closes it (the stream is
 /// dropped by the caller) and counts why.
-pub(super) fn admit(shared: &Shared, client: IpAddr) -> Option<OpenConnection> {
-    let runtime = shared.runtime.load();
-    let policy = &runtime.policy;
+pub(super) fn admit(shared: &Shared, policy: &Policy, client: IpAddr) -> Option<OpenConnection> {
     let source = connection_limits::source(client, &policy.client_ip);
     let limits = &policy.server.connections;
     match shared.connections.admit(limits, &source) {

@@ -88,7 +88,7 @@ impl SetFields {
         for (name, value) in self.0 {
             let (mut value, changing) = match value {
                 FieldValue::Static(text) => (HeaderValue::from_static(text), false),
-                FieldValue::Number(number) => (HeaderValue::from(number), true),
+                FieldValue::Number(number) => (number_value(number), true),
                 FieldValue::Text(text) => match HeaderValue::try_from(text) {
                     Ok(value) => (value, true),
                     Err(_) => continue,
@@ -102,6 +102,29 @@ impl SetFields {
             value.set_sensitive(changing);
             headers.insert(name.clone(), value);
         }
+    }
+}
+
+/// Numbers below this are spelled once, for every response after: a response's numbers
+/// (limits, tokens left, seconds to wait) are mostly small, and spelling one allocates.
+const SPELLED_NUMBERS: usize = 4096;
+
+/// `number` as a field value: without an allocation when it is small, else in one
+/// (`HeaderValue::from` makes two).
+fn number_value(number: u64) -> HeaderValue {
+    static SPELLED: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let spelled = SPELLED.get_or_init(|| {
+        (0..SPELLED_NUMBERS)
+            .map(|number| &*Box::leak(number.to_string().into_boxed_str()))
+            .collect()
+    });
+    match usize::try_from(number)
+        .ok()
+        .and_then(|index| spelled.get(index))
+    {
+        Some(text) => HeaderValue::from_static(text),
+        None => HeaderValue::from_bytes(itoa::Buffer::new().format(number).as_bytes())
+            .unwrap_or_else(|_| HeaderValue::from(number)),
     }
 }
 
@@ -393,11 +416,6 @@ fn legacy_refusal_body(retry_after: u64) -> Bytes {
 // As statics, so that `SetFields` can refer to them.
 pub(crate) static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
 pub(crate) static RETRY_AFTER_NAME: HeaderName = RETRY_AFTER;
-/// A number as a header value in one allocation (`HeaderValue::from` makes two).
-fn number_value(value: u64) -> HeaderValue {
-    HeaderValue::from_bytes(itoa::Buffer::new().format(value).as_bytes())
-        .unwrap_or_else(|_| HeaderValue::from(value))
-}
 
 #[cfg(test)]
 mod tests {
@@ -537,5 +555,8 @@ mod tests {
         assert!(sensitive(&REMAINING) && sensitive(&POLICY));
         assert!(!sensitive(&ROUTE) && !sensitive(&KIND));
         assert_eq!(headers[&REMAINING], "7");
+        for number in [0, 9, 4095, 4096, u64::MAX] {
+            assert_eq!(super::number_value(number), number.to_string().as_str());
+        }
     }
 }

@@ -38,15 +38,17 @@ pub(super) async fn client_from_header(
     peer: IpAddr,
     timeout: Duration,
 ) -> Option<IpAddr> {
-    match tokio::time::timeout(timeout, read_header(stream)).await {
-        Ok(Ok(client)) => Some(client.map_or(peer, |client| client.ip().to_canonical())),
-        Ok(Err(error)) => {
+    let read = tokio::time::timeout(timeout, read_header(stream))
+        .await
+        .unwrap_or_else(|_| {
+            Err(HeaderError(
+                "no PROXY header within header_read_timeout".to_owned(),
+            ))
+        });
+    match read {
+        Ok(client) => Some(client.map_or(peer, |client| client.ip().to_canonical())),
+        Err(error) => {
             tracing::debug!(%peer, %error, "closed: no valid PROXY header");
-            shared.metrics.connections.refused(Refusal::ProxyProtocol);
-            None
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "closed: no PROXY header within header_read_timeout");
             shared.metrics.connections.refused(Refusal::ProxyProtocol);
             None
         }

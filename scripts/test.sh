@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite on a machine that has the Rust toolchain: finds what the tests need
 # (redis-server and redis-cli, promtool, python3 with kubernetes-validate, the openai client,
-# mmdb-writer and ja4plus, Chromium, cc, prlimit, nginx, Caddy and HAProxy), installs what is missing
-# from Debian's packages and PyPI when it can, says what it does, then runs `cargo test`.
+# mmdb-writer and ja4plus, Chromium, cc, prlimit, openssl, nginx, Caddy, HAProxy and pebble),
+# installs what is missing from Debian's packages and PyPI when it can, says what it does, then
+# runs `cargo test`.
 # Arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +46,9 @@ have nginx || [[ -x /usr/sbin/nginx ]] || need "nginx (its auth_request recipe i
 have caddy || need "caddy (its forward_auth recipe is run)" caddy
 # HAProxy sends PROXY v2 headers (and health checks) in front of a gateway.
 have haproxy || [[ -x /usr/sbin/haproxy ]] || need "haproxy (it sends PROXY headers to the gateway)" haproxy
+# The TLS tests make a private CA and certificates with openssl; pebble is a real ACME server.
+have openssl || need "openssl (the TLS tests make their certificates with it)" openssl
+have pebble && have pebble-challtestsrv || need "pebble (a real ACME server on loopback)" pebble
 # The replay report's test opens the HTML report in a headless browser; the JA4 test
 # fingerprints the browser's ClientHello.
 have chromium || have chromium-browser || need "chromium (the replay report is checked in a browser)" chromium

@@ -9,6 +9,7 @@ pub mod decision;
 mod edge;
 pub mod raw;
 mod summary;
+mod tls;
 pub mod units;
 
 use std::fmt;
@@ -29,7 +30,9 @@ pub use units::Rate;
 
 pub use crate::limit::redis::RedisSettings;
 pub use crate::path::PathMatching;
-pub use crate::tls::TlsFiles;
+pub use tls::{
+    AcmeChallenge, AcmeSettings, CertificateFiles, HostPattern, TlsFiles, TlsSettings, TlsVersion,
+};
 
 use crate::client_ip::Trust;
 
@@ -61,8 +64,10 @@ pub struct Policy {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerSettings {
     pub listen: Vec<SocketAddr>,
-    /// TLS on every listener (ALPN h2 and http/1.1).
-    pub tls: Option<TlsFiles>,
+    /// TLS on every `listen` address (ALPN h2 and http/1.1).
+    pub tls: Option<TlsSettings>,
+    /// Plain HTTP listeners beside the TLS ones (`plain_listen`).
+    pub plain_listen: Vec<SocketAddr>,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_header_bytes: usize,
@@ -506,73 +511,20 @@ impl fmt::Display for ConfigErrors {
     }
 }
 
-impl Policy {
-    /// Reads and compiles a policy file.
-    pub fn load(path: &Path) -> Result<Policy, ConfigErrors> {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|error| {
-            ConfigErrors(vec![ConfigError {
-                file: name.clone(),
-                position: None,
-                key: String::new(),
-                message: format!("cannot read the policy file: {error}"),
-                excerpt: None,
-            }])
-        })?;
-        let policy = compile::compile(&name, &text, path.parent())?;
-        policy.check_files(&name)?;
-        Ok(policy)
-    }
+/// Compiles a policy file's text; relative paths in it are relative to `base`.
+pub(crate) fn compile_file(
+    file: &str,
+    text: &str,
+    base: Option<&Path>,
+) -> Result<Policy, ConfigErrors> {
+    compile::compile(file, text, base)
+}
 
+impl Policy {
     /// Compiles policy text; `file` names it in error messages. Relative paths in it are
     /// relative to the working directory. Files it names are not read (see [`Policy::load`]).
     pub fn parse(file: &str, text: &str) -> Result<Policy, ConfigErrors> {
         compile::compile(file, text, None)
-    }
-
-    /// Reads the certificate, key and CA files the policy names, so that a broken file is a
-    /// configuration error rather than a failure at the first connection.
-    pub fn check_files(&self, file: &str) -> Result<(), ConfigErrors> {
-        let mut errors = Vec::new();
-        let mut problem = |key: String, message: String| {
-            errors.push(ConfigError {
-                file: file.to_owned(),
-                position: None,
-                key,
-                message,
-                excerpt: None,
-            })
-        };
-        if let Some(files) = &self.server.tls {
-            if let Err(message) = crate::tls::server_config(files) {
-                problem("server.tls".to_owned(), message.to_string());
-            }
-        }
-        if let Some(ca_file) = self
-            .store
-            .redis
-            .as_ref()
-            .and_then(|redis| redis.ca_file.as_ref())
-        {
-            if let Err(message) = crate::tls::client_config(Some(ca_file)) {
-                problem("store.ca_file".to_owned(), message.to_string());
-            }
-        }
-        for upstream in &self.upstreams {
-            if let Some(ca_file) = &upstream.ca_file {
-                if let Err(message) = crate::tls::client_config(Some(ca_file)) {
-                    problem(
-                        format!("upstreams.{}.ca_file", upstream.name),
-                        message.to_string(),
-                    );
-                }
-            }
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigErrors(errors))
-        }
     }
 
     /// Looks up a limit by name.

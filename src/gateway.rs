@@ -26,6 +26,7 @@ pub(crate) mod decide;
 pub(crate) mod delay;
 mod finish;
 mod forward;
+mod plain_listener;
 mod read_body;
 mod settle;
 pub(crate) mod slots;
@@ -285,6 +286,20 @@ impl Gateway {
             serving.reject(reject, &runtime, &scan, &reports, fields)
         });
         serving.answered(&runtime, route, exchange.outcome, fields);
+        if connection.proto == "https" {
+            if let Some(hsts) = runtime
+                .policy
+                .server
+                .tls
+                .as_ref()
+                .and_then(|tls| tls.hsts.as_ref())
+            {
+                response
+                    .headers_mut()
+                    .entry(http::header::STRICT_TRANSPORT_SECURITY)
+                    .or_insert_with(|| hsts.clone());
+            }
+        }
         response.body_mut().in_flight().request = Some(in_flight);
         exchange.log(response.status());
         fields.set(
@@ -308,6 +323,15 @@ impl Gateway {
             return Err(Reject::ShuttingDown);
         }
         let host = checks::check_request(request, &scan, runtime.policy.server.max_header_bytes)?;
+        let plain_beside_tls = runtime.policy.server.tls.is_some()
+            && connection.proto == "http"
+            && exchange.listener == Listener::Proxy;
+        if plain_beside_tls {
+            let answer = plain_listener::answer(&self.shared, runtime, request, host.as_ref());
+            if let Some(answer) = answer {
+                return Err(answer);
+            }
+        }
         // Only routes with a `host` need the host name (parsed again, lower-cased).
         let host_name = runtime
             .matches_hosts

@@ -1,7 +1,8 @@
 //! The JA4 fingerprint of a TLS ClientHello, as FoxIO defines it: protocol, version, SNI,
 //! counts and ALPN, then a hash of the sorted cipher suites and one of the sorted extensions
 //! with the signature algorithms, GREASE values left out. Read from the bytes a client sends
-//! before the handshake (pure: no I/O), reassembled across records however they were split.
+//! before the handshake (pure: no I/O), reassembled across records however they were split;
+//! and the server name it asks for, which picks the certificate.
 
 use std::fmt::Write as _;
 
@@ -87,6 +88,10 @@ struct ClientHello {
     supported_versions: Vec<u16>,
     signature_algorithms: Vec<u16>,
     first_alpn: Option<Vec<u8>>,
+    /// Whether ALPN offers `acme-tls/1` alone: an ACME server's tls-alpn-01 validation.
+    acme_alpn_only: bool,
+    /// The first `host_name` of the server name extension.
+    server_name: Option<Vec<u8>>,
 }
 
 /// A cursor over a message, every read bounded by what is there.
@@ -161,9 +166,13 @@ fn parse(message: &[u8]) -> Option<ClientHello> {
             SIGNATURE_ALGORITHMS => {
                 hello.signature_algorithms = u16_list(Reader(data).vector16()?)?;
             }
+            // Read apart: a name that does not parse leaves the fingerprint as it was.
+            SERVER_NAME => hello.server_name = first_host_name(data),
             ALPN => {
                 let mut list = Reader(Reader(data).vector16()?);
                 hello.first_alpn = list.vector8().map(<[u8]>::to_vec);
+                hello.acme_alpn_only =
+                    hello.first_alpn.as_deref() == Some(b"acme-tls/1") && list.0.is_empty();
             }
             _ => {}
         }
@@ -171,9 +180,35 @@ fn parse(message: &[u8]) -> Option<ClientHello> {
     Some(hello)
 }
 
+/// The first `host_name` entry of a server name list (RFC 6066).
+fn first_host_name(data: &[u8]) -> Option<Vec<u8>> {
+    let mut list = Reader(Reader(data).vector16()?);
+    while !list.0.is_empty() {
+        let kind = list.u8()?;
+        let name = list.vector16()?;
+        if kind == 0 {
+            return Some(name.to_vec());
+        }
+    }
+    None
+}
+
 /// GREASE (RFC 8701): 0x0a0a, 0x1a1a, … 0xfafa.
 fn is_grease(value: u16) -> bool {
     value & 0x0f0f == 0x0a0a && value >> 8 == value & 0xff
+}
+
+/// The host name a ClientHello message asks for, lower-cased; `None` when it asks for none,
+/// names something other than ASCII text, or does not parse.
+pub fn server_name(message: &[u8]) -> Option<String> {
+    let name = parse(message)?.server_name?;
+    let name = String::from_utf8(name).ok()?;
+    name.is_ascii().then(|| name.to_ascii_lowercase())
+}
+
+/// Whether a ClientHello message offers ALPN `acme-tls/1` alone (RFC 8737's validation).
+pub fn asks_acme_challenge(message: &[u8]) -> bool {
+    parse(message).is_some_and(|hello| hello.acme_alpn_only)
 }
 
 /// The JA4 fingerprint of a ClientHello message; `None` when it does not parse.

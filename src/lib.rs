@@ -6,6 +6,7 @@
 //! gateway answers itself). `config/` compiles the policy file; `metrics.rs` and `admin.rs`
 //! expose what happened.
 
+mod acme;
 pub mod admin;
 mod background;
 mod body;
@@ -29,6 +30,7 @@ pub mod metrics;
 pub mod overload;
 pub mod overrides;
 pub mod path;
+mod policy_file;
 pub mod proxy_protocol;
 pub mod reject;
 pub mod replay;
@@ -72,8 +74,10 @@ pub struct Options {
 
 /// A running gateway: its listeners, its admin listener and its shared state.
 pub struct Tollgate {
-    /// The bound public addresses (ephemeral ports resolved).
+    /// The bound public addresses (ephemeral ports resolved): TLS ones with `tls`.
     pub addresses: Vec<SocketAddr>,
+    /// `plain_listen`'s bound addresses, beside TLS.
+    pub plain_addresses: Vec<SocketAddr>,
     pub admin_address: SocketAddr,
     /// The bound decision listener's address, with `[decision]`.
     pub decision_address: Option<SocketAddr>,
@@ -116,6 +120,9 @@ impl Tollgate {
         // The admin listener is not tracked: it keeps answering /readyz 503 while draining.
         tokio::spawn(admin::serve(admin_listener, shared.clone()));
 
+        if let Some(acme) = policy.server.tls.as_ref().and_then(|tls| tls.acme.as_ref()) {
+            acme::start(&shared, acme);
+        }
         background::spawn_load_ticker(Arc::downgrade(&shared));
         background::spawn_sweeper(Arc::downgrade(&shared));
         background::spawn_store_probe(Arc::downgrade(&shared));
@@ -126,6 +133,7 @@ impl Tollgate {
 
         Ok(Tollgate {
             addresses: bound.proxy,
+            plain_addresses: bound.plain,
             decision_address: bound.decision,
             admin_address,
             grace_period: policy.server.grace_period,

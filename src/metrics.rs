@@ -22,10 +22,12 @@ mod labels;
 mod overrides;
 mod per_thread;
 mod settled;
+mod tls;
 
 pub use connections::ConnectionMetrics;
 pub use overrides::{OverrideChange, OverrideMetrics};
 pub use settled::SettleMetrics;
+pub use tls::TlsMetrics;
 
 use crate::client_ip::TrustWarning;
 use crate::config::{Limit, Route, StoreFailurePolicy};
@@ -71,6 +73,8 @@ pub struct Metrics {
     pub overrides: OverrideMetrics,
     /// `tollgate_connections_open`, `tollgate_connections_refused_total`.
     pub connections: ConnectionMetrics,
+    /// `tollgate_tls_handshake_failures_total`, `tollgate_tls_certificate_expiry_seconds`.
+    pub tls: TlsMetrics,
 }
 
 /// Latency buckets from 100 µs to 10 s.
@@ -258,6 +262,7 @@ impl Metrics {
         let settle = settled::SettleFamilies::new(&registry);
         let overrides = OverrideMetrics::new(&registry);
         let connections = ConnectionMetrics::new(&registry);
+        let tls = TlsMetrics::new(&registry);
         for result in ["ok", "error"] {
             config_reloads.with_label_values(&[result]);
         }
@@ -295,6 +300,7 @@ impl Metrics {
             settle,
             overrides,
             connections,
+            tls,
         }
     }
 

@@ -51,6 +51,14 @@ pub enum Reject {
     /// The gateway is draining (503, connection closed). Caused by the operator.
     #[error("shutting down")]
     ShuttingDown,
+    /// A plain request where `redirect_plain` sends every one to `https` (308 to this
+    /// location). Neither routed nor counted.
+    #[error("redirected to https")]
+    ToHttps(http::HeaderValue),
+    /// An ACME http-01 validation on a plain listener: the token's key authorization (200),
+    /// or 404 for a token no order is waiting on. Neither routed nor counted.
+    #[error("ACME challenge")]
+    AcmeChallenge(Option<String>),
     /// A malformed request (400). Caused by the client.
     #[error("bad request: {0}")]
     BadRequest(String),
@@ -131,6 +139,7 @@ impl Reject {
             Reject::Upstream(ForwardError::ClientBody) => Some(Cause::Client),
             Reject::Upstream(_) | Reject::UpgradeFailed => Some(Cause::Upstream),
             Reject::ShuttingDown => Some(Cause::Gateway),
+            Reject::ToHttps(_) | Reject::AcmeChallenge(_) => None,
         }
     }
 
@@ -149,7 +158,11 @@ impl Reject {
             Reject::Banned => Some(Outcome::Banned),
             Reject::StoreUnavailable => Some(Outcome::StoreUnavailable),
             Reject::Upstream(ForwardError::ClientBody) => Some(Outcome::BadRequest),
-            Reject::ShuttingDown | Reject::Upstream(_) | Reject::UpgradeFailed => None,
+            Reject::ShuttingDown
+            | Reject::ToHttps(_)
+            | Reject::AcmeChallenge(_)
+            | Reject::Upstream(_)
+            | Reject::UpgradeFailed => None,
         }
     }
 }

@@ -139,6 +139,9 @@ pub fn rejection(
 ) -> Response<Body> {
     match reject {
         Reject::ShuttingDown => shutting_down(),
+        Reject::ToHttps(location) => permanent_redirect(location),
+        Reject::AcmeChallenge(Some(key_authorization)) => acme_challenge(key_authorization),
+        Reject::AcmeChallenge(None) => not_found(),
         Reject::BadRequest(detail) => bad_request(&detail),
         Reject::MethodNotAllowed => method_not_allowed(),
         Reject::PayloadTooLarge(limit) => payload_too_large(limit),
@@ -221,6 +224,26 @@ pub fn unauthorized(challenge: &'static str, code: &str, detail: Option<&str>) -
     response.headers_mut().insert(
         http::header::WWW_AUTHENTICATE,
         HeaderValue::from_static(challenge),
+    );
+    response
+}
+
+/// `308 Permanent Redirect` to `location`: the method and body are kept.
+pub fn permanent_redirect(location: HeaderValue) -> Response<Body> {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::PERMANENT_REDIRECT;
+    response
+        .headers_mut()
+        .insert(http::header::LOCATION, location);
+    response
+}
+
+/// An http-01 validation's answer: the key authorization as the whole body (RFC 8555 §8.3).
+fn acme_challenge(key_authorization: String) -> Response<Body> {
+    let mut response = Response::new(Body::full(key_authorization));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
     );
     response
 }

@@ -67,7 +67,10 @@ pub(crate) async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr
 /// The bound addresses (ephemeral ports resolved) of the proxy listeners and the decision
 /// listener.
 pub(crate) struct Bound {
+    /// `listen`'s.
     pub(crate) proxy: Vec<SocketAddr>,
+    /// `plain_listen`'s, beside TLS ones.
+    pub(crate) plain: Vec<SocketAddr>,
     pub(crate) decision: Option<SocketAddr>,
 }
 
@@ -82,18 +85,33 @@ pub(crate) async fn listen(
     let gateway = Gateway {
         shared: shared.clone(),
     };
-    let mut proxy = Vec::with_capacity(policy.server.listen.len());
-    for address in &policy.server.listen {
+    let tls = policy.server.tls.is_some();
+    let addresses = (policy.server.listen.iter().map(|address| (address, tls))).chain(
+        policy
+            .server
+            .plain_listen
+            .iter()
+            .map(|address| (address, false)),
+    );
+    let (mut proxy, mut plain) = (Vec::new(), Vec::new());
+    for (address, tls) in addresses {
         let (listener, bound) = bind(*address).await?;
-        proxy.push(bound);
-        tracing::info!(address = %bound, "listening");
-        let settings = policy.server.clone();
+        if tls || policy.server.tls.is_none() {
+            if tls {
+                let _ = shared.https_port.set(bound.port());
+            }
+            proxy.push(bound);
+            tracing::info!(address = %bound, tls, "listening");
+        } else {
+            plain.push(bound);
+            tracing::info!(address = %bound, "listening for plain HTTP beside TLS");
+        }
         let serving = serve(
             listener,
             shared.clone(),
             gateway.clone(),
-            settings,
-            Listener::Proxy,
+            policy.server.clone(),
+            (Listener::Proxy, tls),
             shutdown.clone(),
         );
         listeners.spawn(serving);
@@ -101,27 +119,25 @@ pub(crate) async fn listen(
     let Some(decision) = &policy.decision else {
         return Ok(Bound {
             proxy,
+            plain,
             decision: None,
         });
     };
     let (listener, bound) = bind(decision.listen).await?;
     tracing::info!(address = %bound, "decision listener (forward-auth /decide, gRPC rate limit service)");
     // Plain HTTP/1.1 and h2c: the proxies that ask are the operator's own.
-    let settings = ServerSettings {
-        tls: None,
-        ..policy.server.clone()
-    };
     let service = DecisionService::new(gateway);
     listeners.spawn(serve(
         listener,
         shared.clone(),
         service,
-        settings,
-        Listener::Decision,
+        policy.server.clone(),
+        (Listener::Decision, false),
         shutdown.clone(),
     ));
     Ok(Bound {
         proxy,
+        plain,
         decision: Some(bound),
     })
 }
@@ -134,11 +150,10 @@ pub(crate) async fn serve<A: Answering>(
     shared: Arc<Shared>,
     answering: A,
     settings: ServerSettings,
-    kind: Listener,
+    (kind, tls): (Listener, bool),
     mut shutdown: watch::Receiver<bool>,
 ) {
     let builder = Arc::new(connection_builder(&settings));
-    let tls = settings.tls.is_some();
     loop {
         let accepted = tokio::select! {
             accepted = accept(&listener) => accepted,

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
 use crate::client_ip::{TrustWarning, MANY_FORWARDING_PEERS};
@@ -19,6 +18,7 @@ use crate::overload::LoadMonitor;
 use crate::overrides::Overrides;
 use crate::request_id::RequestIds;
 use crate::runtime::Runtime;
+use crate::tls::{Obtained, TlsListener};
 
 /// How many short chains are counted between checks of whether they are routine.
 const SHORT_CHAIN_SAMPLE: u64 = 50;
@@ -40,7 +40,11 @@ pub(crate) struct Shared {
     /// Upstream load and the factor it puts on every rate (`[overload]`).
     pub(crate) load: LoadMonitor,
     /// The listeners' TLS configuration; replaced on reload (certificates are re-read).
-    pub(crate) tls: ArcSwapOption<TlsAcceptor>,
+    pub(crate) tls: ArcSwapOption<TlsListener>,
+    /// `[server.tls.acme]`'s hosts (as at start) and what was obtained for them.
+    pub(crate) acme: Option<Arc<Obtained>>,
+    /// The first TLS listener's port, where `redirect_plain` sends plain requests.
+    pub(crate) https_port: std::sync::OnceLock<u16>,
     /// Connections and upgraded streams: shutdown waits for them.
     pub(crate) tasks: TaskTracker,
     pub(crate) request_ids: RequestIds,
@@ -113,7 +117,16 @@ impl Shared {
             Overrides::open(policy, &store, clock.clone(), metrics.overrides.clone())
                 .map_err(StartError::Overrides)?;
         let runtime = Runtime::new(policy.clone(), &metrics).map_err(StartError::Upstream)?;
-        let tls = crate::tls::acceptor(policy.server.tls.as_ref()).map_err(StartError::Tls)?;
+        let acme = policy
+            .server
+            .tls
+            .as_ref()
+            .and_then(|tls| tls.acme.as_ref())
+            .map(|acme| Arc::new(Obtained::new(acme.hosts.clone())));
+        let tls = tls_listener(policy, acme.clone()).map_err(StartError::Tls)?;
+        if let Some(tls) = &tls {
+            metrics.tls.serving(&tls.certificates.ends);
+        }
         let connections = Arc::new(ConnectionGate::new(
             clock.clone(),
             metrics.connections.open.clone(),
@@ -132,6 +145,8 @@ impl Shared {
             shutting_down: AtomicBool::new(false),
             load: LoadMonitor::default(),
             tls: ArcSwapOption::from(tls.map(Arc::new)),
+            https_port: std::sync::OnceLock::new(),
+            acme,
             tasks: TaskTracker::new(),
             request_ids: RequestIds::new(),
         })
@@ -140,7 +155,7 @@ impl Shared {
     /// Puts a new runtime, compiled from `policy`, in place for new requests (those in flight
     /// keep theirs). What only a restart changes is logged, not applied.
     pub(crate) fn swap_policy(&self, policy: Policy) -> Result<(), ReloadError> {
-        let tls = crate::tls::acceptor(policy.server.tls.as_ref()).map_err(ReloadError::Tls)?;
+        let tls = tls_listener(&policy, self.acme.clone()).map_err(ReloadError::Tls)?;
         let runtime = Runtime::new(policy, &self.metrics).map_err(ReloadError::Upstream)?;
         let current = self.runtime.load();
         let (old, new) = (&current.policy, &runtime.policy);
@@ -154,11 +169,18 @@ impl Shared {
         if old.store != new.store {
             tracing::warn!("[store] changed: it takes effect after a restart");
         }
+        let acme = |policy: &Policy| policy.server.tls.as_ref().and_then(|tls| tls.acme.clone());
+        if acme(old) != acme(new) {
+            tracing::warn!("[server.tls.acme] changed: it takes effect after a restart");
+        }
         if old.overrides.file != new.overrides.file {
             tracing::warn!("[overrides] file changed: it takes effect after a restart");
         }
         match (&old.server.tls, tls) {
-            (Some(_), Some(acceptor)) => self.tls.store(Some(Arc::new(acceptor))),
+            (Some(_), Some(tls)) => {
+                self.metrics.tls.serving(&tls.certificates.ends);
+                self.tls.store(Some(Arc::new(tls)));
+            }
             (None, None) => {}
             _ => tracing::warn!("TLS turned on or off: it takes effect after a restart"),
         }
@@ -196,4 +218,21 @@ impl Shared {
             tracing::warn!(cause = warning.as_str(), "{}", warning.explanation());
         }
     }
+}
+
+/// The TLS listeners' configuration, its certificate files read now; what is wrong with a
+/// certificate that still serves (ended, or not naming a host it is listed for) is logged.
+fn tls_listener(
+    policy: &Policy,
+    acme: Option<Arc<Obtained>>,
+) -> Result<Option<TlsListener>, crate::tls::TlsError> {
+    let Some(settings) = &policy.server.tls else {
+        return Ok(None);
+    };
+    let tls = TlsListener::new(settings, acme)?;
+    let now = crate::limit::clock::unix_seconds() as i64;
+    for warning in tls.certificates.problems(now) {
+        tracing::warn!("{warning}");
+    }
+    Ok(Some(tls))
 }

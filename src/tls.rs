@@ -5,15 +5,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-/// PEM files of the listener's certificate chain and private key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
+use crate::config::{TlsFiles, TlsSettings, TlsVersion};
+pub use certificates::{asks_acme_challenge, CertificateEnd, Certificates, ACME_TLS_ALPN};
+pub use failure::HandshakeFailure;
+pub use obtained::{Obtained, Served};
+
+mod certificates;
+mod failure;
+mod obtained;
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -49,12 +51,14 @@ pub enum TlsError {
         path: PathBuf,
         source: rustls::Error,
     },
+    #[error("cannot read the certificate in {}: {reason}", path.display())]
+    Unparsable { path: PathBuf, reason: String },
     #[error("{0}")]
     Protocol(rustls::Error),
 }
 
 /// Reads a PEM certificate chain.
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub(crate) fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certificates = CertificateDer::pem_file_iter(path)
         .map_err(|source| TlsError::Unreadable {
             path: path.to_owned(),
@@ -71,25 +75,61 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certificates)
 }
 
-/// The listener's configuration from a PEM chain and a PKCS#8, RSA or EC key.
+/// What the TLS listeners serve: their configuration and the certificates it chooses from.
+#[derive(Debug)]
+pub struct TlsListener {
+    pub config: Arc<ServerConfig>,
+    pub certificates: Arc<Certificates>,
+}
+
+impl TlsListener {
+    /// Reads the certificate files `settings` names; an error names the file. `acme`: what
+    /// `[server.tls.acme]` obtains, served beside them.
+    pub fn new(
+        settings: &TlsSettings,
+        acme: Option<Arc<Obtained>>,
+    ) -> Result<TlsListener, TlsError> {
+        let provider = provider();
+        let certificates = Arc::new(Certificates::load(settings, acme, &provider)?);
+        let versions: &[&rustls::SupportedProtocolVersion] = match settings.min_version {
+            TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+            TlsVersion::Tls13 => &[&rustls::version::TLS13],
+        };
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(versions)
+            .map_err(TlsError::Protocol)?
+            .with_no_client_auth()
+            .with_cert_resolver(certificates.clone());
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let tls_alpn_01 = settings.acme.as_ref().map(|acme| acme.challenge);
+        if tls_alpn_01 == Some(crate::config::AcmeChallenge::TlsAlpn01) {
+            // Negotiated only by a validation offering it alone; such a connection is closed
+            // after its handshake.
+            config.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
+        }
+        // Every suite offered is an AEAD with forward secrecy; the server's order puts the
+        // strongest first whatever a client prefers.
+        config.ignore_client_order = true;
+        Ok(TlsListener {
+            config: Arc::new(config),
+            certificates,
+        })
+    }
+}
+
+/// A listener's configuration serving one certificate chain (PEM) and its PKCS#8, RSA or EC
+/// key for every name.
 pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
-    let chain = certificates(&files.cert)?;
-    let key =
-        PrivateKeyDer::from_pem_file(&files.key).map_err(|source| TlsError::UnreadableKey {
-            path: files.key.clone(),
-            source,
-        })?;
-    let mut config = ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(TlsError::Protocol)?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|source| TlsError::Unusable {
-            files: files.clone(),
-            source,
-        })?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    TlsListener::new(&TlsSettings::single(files.clone()), None).map(|listener| listener.config)
+}
+
+/// A certificate chain and key read from their files, checked to belong together, with the
+/// DNS names the leaf lists and when it ends (Unix seconds).
+pub fn read_pair(
+    files: &TlsFiles,
+) -> Result<(Arc<rustls::sign::CertifiedKey>, Vec<String>, i64), TlsError> {
+    let (key, leaf) = certificates::load_pair(files, &provider())?;
+    Ok((Arc::new(key), leaf.names, leaf.not_after))
 }
 
 /// The configuration for `https://` upstreams: the roots in `ca_file` if given, else the
@@ -123,13 +163,4 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<ClientConfig, TlsError> {
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(config)
-}
-
-/// The listeners' TLS acceptor, reading the certificate files now; `None` without `tls`.
-pub(crate) fn acceptor(
-    files: Option<&TlsFiles>,
-) -> Result<Option<tokio_rustls::TlsAcceptor>, TlsError> {
-    files
-        .map(|files| server_config(files).map(tokio_rustls::TlsAcceptor::from))
-        .transpose()
 }

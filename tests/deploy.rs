@@ -60,7 +60,7 @@ fn prometheus_config_rules_and_rule_tests_pass_promtool() {
         "promtool",
         &["check", "rules", "deploy/prometheus/rules/tollgate.yml"],
     );
-    assert!(rules.contains("SUCCESS: 5 rules found"), "{rules}");
+    assert!(rules.contains("SUCCESS: 6 rules found"), "{rules}");
     let tests = run(
         "promtool",
         &["test", "rules", "deploy/prometheus/tests/tollgate.test.yml"],
@@ -97,6 +97,13 @@ async fn live_metric_families() -> BTreeSet<String> {
     std::env::set_var(
         "TOLLGATE_TEST_DEPLOY_JWT_SECRET",
         "deploy-test-secret-0123456789abcdef",
+    );
+    // TLS on the listener (its certificates' ends), plain HTTP beside it for the request.
+    let dir = tempfile::tempdir().unwrap();
+    let certificate = certificate(dir.path(), "server");
+    let server = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nplain_listen = [\"127.0.0.1:0\"]\ntls = {{ cert = {:?}, key = {:?} }}\n",
+        certificate.cert, certificate.key
     );
     let policy = r#"
 [auth.jwt]
@@ -157,8 +164,8 @@ limits = [{ limit = "per_account", cost = 1, settle = "response_bytes", scale = 
 [decision]
 listen = "127.0.0.1:0"
 "#;
-    let gateway = start_gateway(policy, upstream.address).await;
-    HttpClient::new(gateway.addresses[0])
+    let gateway = start_gateway(&format!("{server}{policy}"), upstream.address).await;
+    HttpClient::new(gateway.plain_addresses[0])
         .get("/", &[("x-user", "1")])
         .await;
     let text = String::from_utf8(
@@ -188,6 +195,7 @@ async fn metric_names_in_rules_and_dashboard_exist_in_a_live_scrape() {
         "deploy/README.md",
         "docs/architecture.md",
         "docs/bots.md",
+        "docs/certificates.md",
         "docs/configuration.md",
         "docs/decision.md",
         "docs/metrics.md",

@@ -15,6 +15,7 @@ mod server;
 mod shaping;
 mod store;
 mod tiers;
+mod tls;
 mod upstreams;
 mod warnings;
 
@@ -396,6 +397,7 @@ fn compile_listeners(
     if let Some(public) = server
         .listen
         .iter()
+        .chain(&server.plain_listen)
         .find(|public| server::same_listener(public, &admin.listen))
     {
         errors.at(
@@ -414,7 +416,11 @@ fn check_decision_listener(
     admin: &super::AdminSettings,
     errors: &mut Errors<'_>,
 ) {
-    let taken = server.listen.iter().chain([&admin.listen]);
+    let taken = server
+        .listen
+        .iter()
+        .chain(&server.plain_listen)
+        .chain([&admin.listen]);
     if let Some(other) = taken
         .into_iter()
         .find(|other| server::same_listener(other, &decision.listen))

@@ -19,12 +19,14 @@ mod edge;
 mod limit;
 mod overrides;
 mod route_limit;
+mod tls;
 
 pub use decision::{RawDecision, RawDescriptorEntry, RawDescriptorRule};
 pub use edge::{RawConnections, RawNetworkRate, RawProxyProtocol};
 pub use limit::{RawBan, RawCarried, RawLimit, RawNumber, RawRefusal, RawTier, RawTierSource};
 pub use overrides::RawOverrides;
 pub use route_limit::{RawCost, RawReadCost, RawRouteLimit, RawSettle, RawSettleField};
+pub use tls::{RawAcme, RawCertificate, RawTls};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,7 +100,10 @@ pub struct RawTokenSource {
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub listen: Option<Spanned<Vec<String>>>,
-    pub tls: Option<Spanned<RawTls>>,
+    /// Not `Spanned`: `[[server.tls.certificates]]` alone makes the table implicitly, which
+    /// toml cannot span.
+    pub tls: Option<RawTls>,
+    pub plain_listen: Option<Spanned<Vec<String>>>,
     pub header_read_timeout: Option<HumanDuration>,
     pub idle_timeout: Option<HumanDuration>,
     pub max_header_bytes: Option<Spanned<i64>>,
@@ -110,13 +115,6 @@ pub struct RawServer {
     pub underscores_in_headers: Option<bool>,
     pub connections: Option<RawConnections>,
     pub proxy_protocol: Option<Spanned<RawProxyProtocol>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawTls {
-    pub cert: String,
-    pub key: String,
 }
 
 /// Which rate-limit headers responses carry.

@@ -126,6 +126,38 @@ fn write_edge(out: &mut String, policy: &Policy) {
     if !limits.is_empty() {
         let _ = writeln!(out, "connections: {}", limits.join(", "));
     }
+    write_tls(out, policy);
+}
+
+/// Which certificate answers which names, and how TLS is spoken.
+fn write_tls(out: &mut String, policy: &Policy) {
+    let Some(tls) = &policy.server.tls else {
+        return;
+    };
+    let version = match tls.min_version {
+        crate::config::TlsVersion::Tls12 => "1.2",
+        crate::config::TlsVersion::Tls13 => "1.3",
+    };
+    let mut traits = vec![format!("TLS {version} and up")];
+    if tls.hsts.is_some() {
+        traits.push("HSTS".to_owned());
+    }
+    if tls.redirect_plain {
+        traits.push("plain listeners redirect to https".to_owned());
+    }
+    let _ = writeln!(out, "tls: {}", traits.join(", "));
+    for entry in &tls.certificates {
+        let hosts: Vec<String> = entry.hosts.iter().map(ToString::to_string).collect();
+        let hosts = if hosts.is_empty() {
+            "every other name (default)".to_owned()
+        } else {
+            hosts.join(", ")
+        };
+        let _ = writeln!(out, "  {hosts} -> {}", entry.files.cert.display());
+    }
+    if !tls.certificates.iter().any(|entry| entry.hosts.is_empty()) {
+        let _ = writeln!(out, "  any other name -> unrecognized_name");
+    }
 }
 
 /// Where buckets live, and where overrides are kept.

@@ -198,3 +198,35 @@ proptest::proptest! {
         let _ = reassemble(&records(&mutated, cut + 1));
     }
 }
+
+#[test]
+fn the_server_name_asked_for_is_read_lower_cased() {
+    let message = |extensions: &[(u16, Vec<u8>)]| hello(&[0x1301], extensions);
+    assert_eq!(
+        server_name(&message(&[(0x0000, sni("Shop.Example.com"))])),
+        Some("shop.example.com".to_owned())
+    );
+    assert_eq!(server_name(&message(&[(0x0010, alpn(&[b"h2"]))])), None);
+    assert_eq!(
+        server_name(&message(&[(0x0000, sni(&"a".repeat(300)))])),
+        Some("a".repeat(300)),
+        "a name no certificate answers is still the name asked for"
+    );
+    let mut cut = sni("example.com");
+    cut.truncate(cut.len() - 3);
+    let cut = message(&[(0x0000, cut)]);
+    assert_eq!(server_name(&cut), None);
+    assert!(
+        fingerprint(&cut).is_some(),
+        "the rest of the hello still reads"
+    );
+}
+
+#[test]
+fn an_acme_validation_offers_acme_tls_alone() {
+    let message = |protocols: &[&[u8]]| hello(&[0x1301], &[(0x0010, alpn(protocols))]);
+    assert!(asks_acme_challenge(&message(&[b"acme-tls/1"])));
+    assert!(!asks_acme_challenge(&message(&[b"acme-tls/1", b"h2"])));
+    assert!(!asks_acme_challenge(&message(&[b"h2", b"acme-tls/1"])));
+    assert!(!asks_acme_challenge(&hello(&[0x1301], &[])));
+}

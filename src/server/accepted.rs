@@ -8,11 +8,15 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::client_hello::HelloRecorder;
+use tokio::io::AsyncWriteExt;
+use tokio_rustls::server::TlsStream;
+
+use super::client_hello::{read_first_flight, Rewound, UNRECOGNIZED_NAME_ALERT};
 use super::{serve_connection, ConnectionGuards};
 use crate::connection::{Answering, Connection};
 use crate::connection_limits::OpenConnection;
 use crate::shared::Shared;
+use crate::tls::{HandshakeFailure, TlsListener, ACME_TLS_ALPN};
 
 /// A connection let in, and what serves it.
 pub(super) struct Accepted<A> {
@@ -43,12 +47,7 @@ impl<A: Answering> Accepted<A> {
             tls,
         } = self;
         if tls {
-            let acceptor = shared.tls.load_full();
-            drop(shared);
-            serve_tls(
-                stream, client, acceptor, answering, builder, guards, shutdown,
-            )
-            .await;
+            serve_tls(stream, client, shared, answering, builder, guards, shutdown).await;
         } else {
             drop(shared);
             let connection = Connection::new(client, "http");
@@ -57,34 +56,72 @@ impl<A: Answering> Accepted<A> {
     }
 }
 
-/// A TLS connection: its handshake (recording the ClientHello for its JA4) within the header
-/// read timeout, then its requests.
+/// A TLS connection: its handshake within the header read timeout, then its requests. A
+/// failed handshake is counted and logged at debug level: clients cause them.
 async fn serve_tls<A: Answering>(
     stream: TcpStream,
     peer: std::net::IpAddr,
-    acceptor: Option<Arc<tokio_rustls::TlsAcceptor>>,
+    shared: Arc<Shared>,
     answering: A,
     builder: Arc<auto::Builder<TokioExecutor>>,
     guards: ConnectionGuards,
     shutdown: watch::Receiver<bool>,
 ) {
-    let Some(acceptor) = acceptor else {
+    let Some(tls) = shared.tls.load_full() else {
         return;
     };
-    let handshake = acceptor.accept(HelloRecorder::new(stream));
-    match tokio::time::timeout(guards.header_read_timeout, handshake).await {
-        Ok(Ok(mut stream)) => {
-            let mut connection = Connection::new(peer, "https");
-            connection.ja4 = stream.get_mut().0.fingerprint().map(Arc::from);
-            let guards = ConnectionGuards {
-                own_http1: guards.own_http1 && stream.get_ref().1.alpn_protocol() != Some(b"h2"),
-                ..guards
-            };
-            let serving =
-                serve_connection(stream, connection, answering, builder, guards, shutdown);
-            Box::pin(serving).await;
+    let handshake = tokio::time::timeout(guards.header_read_timeout, handshake(stream, &tls));
+    let handshake = handshake.await.unwrap_or(Err(HandshakeFailure::Timeout));
+    let (mut stream, ja4) = match handshake {
+        Ok(accepted) => accepted,
+        Err(failure) => {
+            shared.metrics.tls.handshake_failed(failure);
+            tracing::debug!(%peer, reason = failure.as_str(), "TLS handshake failed");
+            return;
         }
-        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+    };
+    stream
+        .get_mut()
+        .0
+        .handshake_done(shared.metrics.tls.clone(), peer);
+    drop((tls, shared));
+    if stream.get_ref().1.alpn_protocol() == Some(ACME_TLS_ALPN) {
+        // A tls-alpn-01 validation: the handshake was all it asked for (RFC 8737).
+        let _ = stream.shutdown().await;
+        return;
+    }
+    let mut connection = Connection::new(peer, "https");
+    connection.ja4 = ja4;
+    let guards = ConnectionGuards {
+        own_http1: guards.own_http1 && stream.get_ref().1.alpn_protocol() != Some(b"h2"),
+        ..guards
+    };
+    let serving = serve_connection(stream, connection, answering, builder, guards, shutdown);
+    Box::pin(serving).await;
+}
+
+/// Reads the ClientHello, answers a server name no certificate answers (and an ACME validation
+/// no challenge is pending for) with the `unrecognized_name` alert, and completes the handshake; the connection's JA4 fingerprint
+/// comes with the stream.
+async fn handshake(
+    mut stream: TcpStream,
+    tls: &TlsListener,
+) -> Result<(TlsStream<Rewound<TcpStream>>, Option<Arc<str>>), HandshakeFailure> {
+    let flight = read_first_flight(&mut stream).await?;
+    let name = flight.server_name();
+    let challenge = flight.asks_acme_challenge();
+    if tls
+        .certificates
+        .choose(name.as_deref(), challenge)
+        .is_none()
+    {
+        let _ = stream.write_all(&UNRECOGNIZED_NAME_ALERT).await;
+        return Err(HandshakeFailure::UnrecognizedName);
+    }
+    let ja4 = flight.fingerprint().map(Arc::from);
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
+    match acceptor.accept(Rewound::new(flight.bytes, stream)).await {
+        Ok(stream) => Ok((stream, ja4)),
+        Err(error) => Err(HandshakeFailure::of(&error)),
     }
 }

@@ -9,10 +9,10 @@ use std::time::Duration;
 use ipnet::IpNet;
 use toml::Spanned;
 
-use super::{duration_or, resolve, Errors};
+use super::{duration_or, Errors};
 use crate::client_ip::Trust;
 use crate::config::raw;
-use crate::config::{AdminSettings, AdminToken, ClientIpSettings, ServerSettings, TlsFiles};
+use crate::config::{AdminSettings, AdminToken, ClientIpSettings, ServerSettings};
 
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
@@ -43,13 +43,40 @@ pub(super) fn compile_server(
             .parse()
             .expect("the default listen address is valid")],
     };
-    let tls = raw.tls.map(|tls| {
-        let tls = tls.into_inner();
-        TlsFiles {
-            cert: resolve(base, &tls.cert),
-            key: resolve(base, &tls.key),
-        }
+    let tls = raw
+        .tls
+        .and_then(|tls| super::tls::compile_tls(tls, base, errors));
+    let plain_listen = raw.plain_listen.map_or_else(Vec::new, |plain| {
+        let span = plain.span();
+        plain
+            .into_inner()
+            .iter()
+            .filter_map(|address| {
+                socket_address(address, "server.plain_listen", Some(span.clone()), errors)
+            })
+            .collect()
     });
+    let http_01 = tls
+        .as_ref()
+        .and_then(|tls| tls.acme.as_ref())
+        .is_some_and(|acme| acme.challenge == crate::config::AcmeChallenge::Http01);
+    if http_01 && plain_listen.is_empty() {
+        errors.at(
+            None,
+            "server.tls.acme.challenge",
+            "\"http-01\" is answered on the plain listeners: set [server] plain_listen, such as [\"0.0.0.0:80\"]",
+        );
+    }
+    if let Some(taken) = plain_listen
+        .iter()
+        .find(|plain| listen.iter().any(|tls| same_listener(plain, tls)))
+    {
+        errors.at(
+            None,
+            "server.plain_listen",
+            format!("{taken} is also a listener in `listen`: give the plain listener its own port"),
+        );
+    }
     let max_header_bytes = compile_max_header_bytes(raw.max_header_bytes, errors);
     let max_buffered_body = match raw.max_buffered_body {
         Some(size) if size.get_ref().0 == 0 => {
@@ -76,6 +103,7 @@ pub(super) fn compile_server(
     ServerSettings {
         listen,
         tls,
+        plain_listen,
         header_read_timeout,
         idle_timeout,
         max_header_bytes,

@@ -79,10 +79,10 @@ fi
 # client (settled costs), mmdb-writer (the geoip tests write their MaxMind DB files) and ja4plus
 # (the JA4 tests check tollgate's fingerprints against it).
 venv=target/test-python
-if ! "$venv/bin/python" -c "import openai, mmdb_writer, ja4plus" 2>/dev/null; then
-  echo "test: installing openai, mmdb-writer and ja4plus from PyPI into $venv"
+if ! "$venv/bin/python" -c "import openai, mmdb_writer, ja4plus, grpc, opentelemetry.proto" 2>/dev/null; then
+  echo "test: installing openai, mmdb-writer, ja4plus, grpcio and opentelemetry-proto from PyPI into $venv"
   [[ -x "$venv/bin/python" ]] || { rm -rf "$venv" && python3 -m venv "$venv"; }
-  "$venv/bin/python" -m pip install --quiet openai mmdb-writer ja4plus
+  "$venv/bin/python" -m pip install --quiet openai mmdb-writer ja4plus grpcio opentelemetry-proto
 fi
 echo "test: redis-server $(redis-server --version | grep -o 'v=[^ ]*'), $(promtool --version 2>&1 | head -1)"
 

@@ -10,6 +10,7 @@ mod edge;
 pub mod raw;
 mod summary;
 mod tls;
+mod traces;
 pub mod units;
 
 use std::fmt;
@@ -33,6 +34,7 @@ pub use crate::path::PathMatching;
 pub use tls::{
     AcmeChallenge, AcmeSettings, CertificateFiles, HostPattern, TlsFiles, TlsSettings, TlsVersion,
 };
+pub use traces::{OtlpProtocol, TraceSettings};
 
 use crate::client_ip::Trust;
 
@@ -57,6 +59,8 @@ pub struct Policy {
     pub geoip: Option<Arc<crate::geoip::GeoIp>>,
     /// `[overrides]`: where the memory store keeps them, and how long one may last.
     pub overrides: OverrideSettings,
+    /// `[tracing]` (or `OTEL_EXPORTER_OTLP_ENDPOINT`): request spans exported over OTLP.
+    pub tracing: Option<TraceSettings>,
     /// Suspicious but valid policy (`tollgate check` prints them, `run` logs them).
     pub warnings: Vec<String>,
 }

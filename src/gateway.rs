@@ -255,6 +255,9 @@ impl Gateway {
         let request_id = self.shared.request_ids.for_request(client_id);
         let mut exchange = Exchange::new(request.method().clone(), request_id);
         exchange.listener = S::LISTENER;
+        if let Some(traces) = &self.shared.traces {
+            exchange.trace = Some(traces.server_span(request.headers(), request.method()));
+        }
         // What the client is told of the route's limits, on a 429 or beside an admission.
         let mut reports = Reports::new();
         let (result, route) = match self.route(&runtime, &request, scan, connection, &mut exchange)
@@ -301,6 +304,15 @@ impl Gateway {
             }
         }
         response.body_mut().in_flight().request = Some(in_flight);
+        exchange.end_trace(
+            response.status(),
+            route.map(|route| &*route.route.name),
+            || {
+                let limits = route?.route.limits.iter().map(|entry| &*entry.limit.name);
+                Some(limits.collect::<Vec<_>>().join(","))
+            },
+            &reports,
+        );
         exchange.log(response.status());
         fields.set(
             &REQUEST_ID_NAME,

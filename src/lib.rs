@@ -42,6 +42,7 @@ pub mod server;
 pub mod settle;
 mod shared;
 pub mod tls;
+mod traces;
 pub mod upstream;
 pub mod wire;
 
@@ -73,6 +74,9 @@ pub struct Options {
 }
 
 /// A running gateway: its listeners, its admin listener and its shared state.
+/// How long the last spans may take to reach the collector at shutdown, at least.
+const FLUSH_AT_LEAST: Duration = Duration::from_secs(1);
+
 pub struct Tollgate {
     /// The bound public addresses (ephemeral ports resolved): TLS ones with `tls`.
     pub addresses: Vec<SocketAddr>,
@@ -200,6 +204,7 @@ impl Tollgate {
     /// Stops accepting, lets in-flight requests and upgraded connections finish for up to
     /// `grace_period`, and returns whether everything finished in time.
     pub async fn shutdown(&self) -> bool {
+        let began = limit::clock::instant();
         self.shared.shutting_down.store(true, Ordering::Relaxed);
         let _ = self.shutdown.send(true);
         self.listeners.close();
@@ -213,6 +218,13 @@ impl Tollgate {
             tracing::info!("all connections drained");
         } else {
             tracing::warn!(grace_period = ?self.grace_period, "grace period over; closing remaining connections");
+        }
+        if let Some(traces) = &self.shared.traces {
+            // What the grace period left, and a moment at least, for the last spans.
+            let left = self
+                .grace_period
+                .saturating_sub(limit::clock::elapsed(began));
+            traces.flush(left.max(FLUSH_AT_LEAST)).await;
         }
         drained
     }

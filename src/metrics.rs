@@ -75,6 +75,8 @@ pub struct Metrics {
     pub connections: ConnectionMetrics,
     /// `tollgate_tls_handshake_failures_total`, `tollgate_tls_certificate_expiry_seconds`.
     pub tls: TlsMetrics,
+    /// `tollgate_trace_spans_dropped_total`: spans the export queue had no room for.
+    pub trace_spans_dropped: SharedIntCounter,
 }
 
 /// Latency buckets from 100 µs to 10 s.
@@ -263,6 +265,14 @@ impl Metrics {
         let overrides = OverrideMetrics::new(&registry);
         let connections = ConnectionMetrics::new(&registry);
         let tls = TlsMetrics::new(&registry);
+        let trace_spans_dropped = registered(
+            &registry,
+            SharedIntCounter::new(
+                "tollgate_trace_spans_dropped_total",
+                "Spans dropped because the export queue to the OTLP collector was full ([tracing]).",
+            )
+            .expect("valid metric"),
+        );
         for result in ["ok", "error"] {
             config_reloads.with_label_values(&[result]);
         }
@@ -301,6 +311,7 @@ impl Metrics {
             overrides,
             connections,
             tls,
+            trace_spans_dropped,
         }
     }
 

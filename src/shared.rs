@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) load: LoadMonitor,
     /// The listeners' TLS configuration; replaced on reload (certificates are re-read).
     pub(crate) tls: ArcSwapOption<TlsListener>,
+    /// `[tracing]`: the tracer requests' spans come from (as at start).
+    pub(crate) traces: Option<crate::traces::Traces>,
     /// `[server.tls.acme]`'s hosts (as at start) and what was obtained for them.
     pub(crate) acme: Option<Arc<Obtained>>,
     /// The first TLS listener's port, where `redirect_plain` sends plain requests.
@@ -124,6 +126,9 @@ impl Shared {
             .and_then(|tls| tls.acme.as_ref())
             .map(|acme| Arc::new(Obtained::new(acme.hosts.clone())));
         let tls = tls_listener(policy, acme.clone()).map_err(StartError::Tls)?;
+        let traces = policy.tracing.as_ref().map(|settings| {
+            crate::traces::Traces::start(settings, metrics.trace_spans_dropped.clone())
+        });
         if let Some(tls) = &tls {
             metrics.tls.serving(&tls.certificates.ends);
         }
@@ -147,6 +152,7 @@ impl Shared {
             tls: ArcSwapOption::from(tls.map(Arc::new)),
             https_port: std::sync::OnceLock::new(),
             acme,
+            traces,
             tasks: TaskTracker::new(),
             request_ids: RequestIds::new(),
         })
@@ -170,6 +176,9 @@ impl Shared {
             tracing::warn!("[store] changed: it takes effect after a restart");
         }
         let acme = |policy: &Policy| policy.server.tls.as_ref().and_then(|tls| tls.acme.clone());
+        if old.tracing != new.tracing {
+            tracing::warn!("[tracing] changed: it takes effect after a restart");
+        }
         if acme(old) != acme(new) {
             tracing::warn!("[server.tls.acme] changed: it takes effect after a restart");
         }

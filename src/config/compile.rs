@@ -16,6 +16,7 @@ mod shaping;
 mod store;
 mod tiers;
 mod tls;
+mod traces;
 mod upstreams;
 mod warnings;
 
@@ -75,6 +76,16 @@ fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
 }
 
 pub(super) fn compile(file: &str, text: &str, base: Option<&Path>) -> Result<Policy, ConfigErrors> {
+    compile_with_environment(file, text, base, &|name| std::env::var(name).ok())
+}
+
+/// As [`compile`], reading `[tracing]`'s `OTEL_*` variables from `env`.
+pub(super) fn compile_with_environment(
+    file: &str,
+    text: &str,
+    base: Option<&Path>,
+    env: traces::Environment<'_>,
+) -> Result<Policy, ConfigErrors> {
     let mut errors = Errors {
         file,
         text,
@@ -84,7 +95,7 @@ pub(super) fn compile(file: &str, text: &str, base: Option<&Path>) -> Result<Pol
         return Err(ConfigErrors(errors.found));
     };
     let mistyped = errors.found.len();
-    let policy = compile_raw(raw, base, &mut errors);
+    let policy = compile_raw(raw, base, env, &mut errors);
     drop_consequences(&mut errors.found, mistyped);
     if errors.found.is_empty() {
         Ok(policy)
@@ -297,7 +308,13 @@ pub(super) fn resolve(base: Option<&Path>, path: &str) -> PathBuf {
     }
 }
 
-fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> Policy {
+fn compile_raw(
+    raw: RawConfig,
+    base: Option<&Path>,
+    env: traces::Environment<'_>,
+    errors: &mut Errors<'_>,
+) -> Policy {
+    let tracing = traces::compile_tracing(raw.tracing, env, errors);
     let listen_span = raw.server.listen.as_ref().map(toml::Spanned::span);
     let listen_empty = raw
         .server
@@ -371,6 +388,7 @@ fn compile_raw(raw: RawConfig, base: Option<&Path>, errors: &mut Errors<'_>) -> 
         decision,
         geoip,
         overrides,
+        tracing,
         warnings: Vec::new(),
     };
     policy.warnings = warnings::warnings(&policy);

@@ -20,6 +20,7 @@ mod limit;
 mod overrides;
 mod route_limit;
 mod tls;
+mod traces;
 
 pub use decision::{RawDecision, RawDescriptorEntry, RawDescriptorRule};
 pub use edge::{RawConnections, RawNetworkRate, RawProxyProtocol};
@@ -27,6 +28,7 @@ pub use limit::{RawBan, RawCarried, RawLimit, RawNumber, RawRefusal, RawTier, Ra
 pub use overrides::RawOverrides;
 pub use route_limit::{RawCost, RawReadCost, RawRouteLimit, RawSettle, RawSettleField};
 pub use tls::{RawAcme, RawCertificate, RawTls};
+pub use traces::RawTracing;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +54,7 @@ pub struct RawConfig {
     pub geoip: Option<Spanned<RawGeoIp>>,
     #[serde(default)]
     pub overrides: RawOverrides,
+    pub tracing: Option<RawTracing>,
 }
 
 /// `[geoip]`: MaxMind DB files for the `client_asn` and `client_country` keys.

@@ -66,6 +66,10 @@ pub(super) async fn answer(
     exchange.protocol = DecisionProtocol::Grpc;
     exchange.path = SHOULD_RATE_LIMIT.to_owned();
     exchange.route = Some(RLS_ROUTE.into());
+    if let Some(traces) = &gateway.shared.traces {
+        // Parented by the asking proxy's context, from the call's metadata.
+        exchange.trace = Some(traces.server_span(request.headers(), &Method::POST));
+    }
     let mode = runtime.policy.server.ratelimit_headers;
     let answered = match read_call(request).await {
         Ok(call) => decide_call(gateway, decision, mode, &call, &mut exchange)
@@ -79,6 +83,12 @@ pub(super) async fn answer(
     };
     count(decision, outcome);
     exchange.outcome = Some(outcome);
+    exchange.end_trace(
+        http::StatusCode::OK,
+        Some(RLS_ROUTE),
+        || None,
+        &Reports::new(),
+    );
     exchange.log(http::StatusCode::OK);
     match answered {
         Ok((response, _)) => respond::grpc_message(Bytes::from(response.encode_to_vec()), fields),

@@ -11,7 +11,9 @@ use crate::geoip::Origin;
 use crate::limit::clock;
 use crate::metrics::{DecisionProtocol, IntCounter, Outcome};
 use crate::reject::Cause;
+use crate::reject::{refusing, Reports};
 use crate::request_id::RequestId;
+use crate::traces::{Finished, RequestTrace};
 
 /// Which listener a request came in on (the line's `listener`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +74,10 @@ pub(crate) struct Exchange<'r> {
     pub(crate) settled: Option<String>,
     /// Where the line goes instead of the log when a settlement writes it, later.
     pub(crate) deferred: Option<DeferredLine>,
+    /// The request's trace, with `[tracing]`: its SERVER span until the answer.
+    pub(crate) trace: Option<RequestTrace>,
+    /// The trace's id, for the line.
+    pub(crate) trace_id: Option<String>,
     logged: bool,
 }
 
@@ -98,8 +104,40 @@ impl<'r> Exchange<'r> {
             reserved: None,
             settled: None,
             deferred: None,
+            trace: None,
+            trace_id: None,
             logged: false,
         }
+    }
+
+    /// Ends the request's SERVER span, when it is traced, with what became of the request
+    /// (`limits`: the applied limits' names, worked out only for a sampled span); the trace's
+    /// id goes into the line.
+    pub(crate) fn end_trace(
+        &mut self,
+        status: StatusCode,
+        route: Option<&str>,
+        limits: impl FnOnce() -> Option<String>,
+        reports: &Reports<'_>,
+    ) {
+        let Some(trace) = self.trace.take() else {
+            return;
+        };
+        if enabled() {
+            self.trace_id = Some(trace.trace_id());
+        }
+        trace.finish(&self.method, || Finished {
+            status,
+            path: &self.path,
+            client: self.client,
+            route,
+            outcome: self.outcome.map(Outcome::as_str),
+            limits: limits(),
+            refused_by: reports
+                .iter()
+                .any(|report| report.refused)
+                .then(|| refusing(reports)),
+        });
     }
 
     /// What the line says of the client besides its address: its origin and fingerprint.
@@ -144,6 +182,8 @@ impl<'r> Exchange<'r> {
             reserved: self.reserved.take(),
             settled: self.settled.take(),
             deferred: None,
+            trace: None,
+            trace_id: self.trace_id.take(),
             logged: false,
         }
     }
@@ -225,5 +265,6 @@ fn write(exchange: &Exchange<'_>, status: StatusCode) {
         asn,
         country = country.as_ref().map_or("", |country| country.as_str()),
         ja4 = exchange.ja4.as_deref().unwrap_or(""),
+        trace_id = exchange.trace_id.as_deref(),
     );
 }

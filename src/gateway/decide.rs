@@ -107,7 +107,14 @@ impl Gateway {
             .as_ref()
             .map(|leases| leases.leasing(slot_requests.requests()));
         let decision = self.store_decision(buckets.requests(), leasing.as_ref());
-        let (decision, decided, decider) = match decision.await {
+        let store_span =
+            (exchange.trace.as_ref()).map(|trace| trace.store(self.shared.store.backend()));
+        let decision = decision.await;
+        if let (Some(span), Err(error)) = (&store_span, &decision) {
+            span.failed(error);
+        }
+        drop(store_span);
+        let (decision, decided, decider) = match decision {
             Ok((decision, leased)) => {
                 if let Some(leases) = leases {
                     held = slots::settle_leases(leases, leased, slot_requests, reports);

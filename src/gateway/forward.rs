@@ -39,6 +39,17 @@ impl Gateway {
         };
         message::remove_hop_by_hop(&mut parts.headers, upgrade);
         let real_ip = clean_fields(routed, &mut parts, exchange.client);
+        let route = routed.route;
+        // Its context goes upstream in `traceparent`, sampled or not.
+        let upstream_span = exchange.trace.as_ref().map(|trace| {
+            let target = route
+                .upstream
+                .settings
+                .targets
+                .first()
+                .map(|target| &target.url);
+            trace.upstream(target, &mut parts.headers)
+        });
         let forwarding = upstream::Forwarding::new(
             scan.forwarded_for(&parts.headers),
             &exchange.request_id,
@@ -47,7 +58,6 @@ impl Gateway {
             routed.host.as_ref(),
             real_ip,
         );
-        let route = routed.route;
         let sent = clock::instant();
         let watching_load = routed.runtime.policy.overload.is_some();
         let in_flight = watching_load.then(|| self.shared.load.start_request());
@@ -63,6 +73,13 @@ impl Gateway {
             .await;
         let elapsed = clock::elapsed(sent);
         exchange.upstream = Some(elapsed);
+        if let Some(span) = &upstream_span {
+            match &result {
+                Ok(response) => span.status(response.status()),
+                Err(error) => span.failed(error),
+            }
+        }
+        drop(upstream_span);
         let mut response = result.map_err(|error| {
             if matches!(error, ForwardError::ClientBody) {
                 tracing::debug!(route = %route.route.name, %error, "client body failed");

@@ -19,6 +19,8 @@
 #                                        # JWT=header: the same token, the limit keyed by header
 #   DECISION=1 bench/instructions.sh     # the same limits asked about by forward-auth sub-requests
 #                                        # to the decision listener (REFUSING=1: refused ones)
+#   TRACING=0.01 bench/instructions.sh   # [tracing] with this sample_ratio, spans exported over
+#                                        # gRPC to the tests' OTLP receiver (on CPU 0)
 #   OVERRIDE=1 bench/instructions.sh     # the per-user limit's key under an operator's override
 #                                        # (the limit's own numbers, set through /overrides)
 #   PROXY=nginx bench/instructions.sh    # nginx with limit_req (row 3) under the same load, for a
@@ -103,6 +105,15 @@ else
   if [[ -n "${DECISION:-}" ]]; then
     decision_port=$(free_port)
     printf '[decision]\nlisten = "127.0.0.1:%s"\n' "$decision_port" >> "$work/policy.toml"
+  fi
+  if [[ -n "${TRACING:-}" ]]; then
+    collector=$(free_port)
+    taskset -c 0 target/test-python/bin/python tests/fixtures/otlp_receiver.py "$collector" \
+      "$(free_port)" >/dev/null 2>&1 &
+    pids+=($!)
+    wait_for_port "$collector"
+    printf '[tracing]\notlp_endpoint = "http://127.0.0.1:%s"\nsample_ratio = %s\n' \
+      "$collector" "$TRACING" >> "$work/policy.toml"
   fi
   if [[ "${JWT:-}" == claim ]]; then
     sed -i 's|key = { header = "x-user-id" }|key = { jwt_claim = "sub" }|' "$work/policy.toml"

@@ -7,26 +7,34 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _};
+use opentelemetry::trace::{
+    SamplingDecision, SamplingResult, SpanContext, SpanId, SpanKind, Status, TraceContextExt,
+    TraceFlags, TraceId, TraceState, Tracer as _, TracerProvider as _,
+};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, Tracer, TracerProvider};
 use opentelemetry_sdk::Resource;
 use prometheus::IntCounter;
 
 use crate::config::TraceSettings;
 
+use context::TraceParent;
+
+mod context;
 mod export;
 
 /// The tracer every request's spans come from, and the export behind it.
 #[derive(Debug)]
 pub(crate) struct Traces {
     tracer: Tracer,
+    sample_ratio: f64,
     // Kept for as long as the tracer: it owns the processor.
     _provider: TracerProvider,
     flush: export::Flush,
 }
+
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 impl Traces {
     /// Starts the export task (needs the runtime); spans dropped by a full queue count in
@@ -35,32 +43,72 @@ impl Traces {
         let resource =
             Resource::new([KeyValue::new("service.name", settings.service_name.clone())]);
         let (queue, flush) = export::start(settings, &resource, dropped);
-        let sampler =
-            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(settings.sample_ratio)));
+        // Requests' own spans are sampled here (`server_span`); their children follow them.
         let provider = TracerProvider::builder()
             .with_span_processor(queue)
-            .with_sampler(sampler)
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
             .with_resource(resource)
             .build();
         Traces {
             tracer: provider.tracer("tollgate"),
+            sample_ratio: settings.sample_ratio,
             _provider: provider,
             flush,
         }
     }
 
     /// A request's SERVER span, continuing the trace its fields carry (a malformed
-    /// `traceparent` starts a new one). Named for the method until the route is known.
+    /// `traceparent` starts a new one). Only a sampled trace makes a span of the SDK's: the
+    /// others are their ids alone, which is all their propagation needs.
     pub(crate) fn server_span(&self, headers: &HeaderMap, method: &Method) -> RequestTrace {
-        let parent = TraceContextPropagator::new().extract(&Fields(headers));
-        let span = self
-            .tracer
-            .span_builder(method.to_string())
-            .with_kind(SpanKind::Server)
-            .start_with_context(&self.tracer, &parent);
+        let incoming = headers
+            .get(TRACEPARENT)
+            .and_then(|value| TraceParent::parse(value.as_bytes()));
+        let caller_state = headers.get(TRACESTATE);
+        let tracestate = incoming.and(caller_state).cloned();
+        let trace_id = incoming.map_or_else(context::new_trace_id, |parent| parent.trace_id);
+        let sampled = match incoming {
+            Some(parent) => parent.sampled,
+            None => context::sampled_at(self.sample_ratio, &trace_id),
+        };
+        let span_id = context::new_span_id();
+        let recorded = sampled.then(|| {
+            let state = tracestate
+                .as_ref()
+                .and_then(|value| value.to_str().ok())
+                .and_then(|text| text.parse::<TraceState>().ok())
+                .unwrap_or_default();
+            let parent = match incoming {
+                Some(parent) => Context::new().with_remote_span_context(SpanContext::new(
+                    TraceId::from_bytes(trace_id),
+                    SpanId::from_bytes(parent.parent_id),
+                    TraceFlags::SAMPLED,
+                    true,
+                    state.clone(),
+                )),
+                None => Context::new(),
+            };
+            let mut builder = self
+                .tracer
+                .span_builder(method.to_string())
+                .with_kind(SpanKind::Server)
+                .with_trace_id(TraceId::from_bytes(trace_id))
+                .with_span_id(SpanId::from_bytes(span_id));
+            builder.sampling_result = Some(SamplingResult {
+                decision: SamplingDecision::RecordAndSample,
+                attributes: Vec::new(),
+                trace_state: state,
+            });
+            let span = builder.start_with_context(&self.tracer, &parent);
+            Box::new((parent.with_span(span), self.tracer.clone()))
+        });
         RequestTrace {
-            context: parent.with_span(span),
-            tracer: self.tracer.clone(),
+            trace_id,
+            span_id,
+            sampled,
+            stale_tracestate: tracestate.is_none() && caller_state.is_some(),
+            tracestate,
+            recorded,
         }
     }
 
@@ -70,11 +118,21 @@ impl Traces {
     }
 }
 
-/// One request's trace: its SERVER span, the parent of its children.
+/// One request's trace: its ids, and for a sampled one the SDK's SERVER span, the parent of
+/// its children.
 #[derive(Debug)]
 pub(crate) struct RequestTrace {
-    context: Context,
-    tracer: Tracer,
+    trace_id: [u8; 16],
+    /// The SERVER span's id.
+    span_id: [u8; 8],
+    sampled: bool,
+    /// The caller's `tracestate`, passed on with a valid `traceparent`.
+    tracestate: Option<HeaderValue>,
+    /// The request came with a `tracestate` that is not passed on (its `traceparent` was
+    /// missing or malformed): the forwarded request must lose it.
+    stale_tracestate: bool,
+    /// Boxed: most requests are not sampled, and the request's state is moved about.
+    recorded: Option<Box<(Context, Tracer)>>,
 }
 
 /// What a finished request's span says of it.
@@ -92,82 +150,98 @@ pub(crate) struct Finished<'a> {
 impl RequestTrace {
     /// The trace's id in hex, for the access log.
     pub(crate) fn trace_id(&self) -> String {
-        self.context.span().span_context().trace_id().to_string()
+        context::hex(&self.trace_id)
     }
 
-    /// Whether the span is recorded (sampled): only then are attributes worth making.
-    pub(crate) fn is_recording(&self) -> bool {
-        self.context.span().is_recording()
-    }
-
-    /// The CLIENT span of the forward, its context written into the upstream request's
-    /// fields (`traceparent`, `tracestate`), sampled or not.
-    pub(crate) fn upstream(&self, target: Option<&http::Uri>, fields: &mut HeaderMap) -> ChildSpan {
-        let mut builder = self
-            .tracer
-            .span_builder("upstream")
-            .with_kind(SpanKind::Client);
-        if let Some(target) = target.filter(|_| self.is_recording()) {
-            let port = target.port_u16().or(match target.scheme_str() {
-                Some("https") => Some(443),
-                _ => Some(80),
-            });
-            builder = builder.with_attributes([
-                KeyValue::new("server.address", target.host().unwrap_or("").to_owned()),
-                KeyValue::new("server.port", i64::from(port.unwrap_or(80))),
-            ]);
+    /// The CLIENT span of the forward (sampled traces only), and the context written into the
+    /// upstream request's fields (`traceparent`, `tracestate`) either way, replacing the
+    /// client's.
+    pub(crate) fn upstream(
+        &self,
+        target: Option<&http::Uri>,
+        fields: &mut HeaderMap,
+    ) -> Option<ChildSpan> {
+        let child = self.recorded.as_deref().map(|(server, tracer)| {
+            let mut builder = tracer.span_builder("upstream").with_kind(SpanKind::Client);
+            if let Some(target) = target {
+                let port = target.port_u16().unwrap_or(match target.scheme_str() {
+                    Some("https") => 443,
+                    _ => 80,
+                });
+                builder = builder.with_attributes([
+                    KeyValue::new("server.address", target.host().unwrap_or("").to_owned()),
+                    KeyValue::new("server.port", i64::from(port)),
+                ]);
+            }
+            let span = builder.start_with_context(tracer, server);
+            ChildSpan(server.with_span(span))
+        });
+        let parent_id = child.as_ref().map_or(self.span_id, |child| {
+            child.0.span().span_context().span_id().to_bytes()
+        });
+        let traceparent = TraceParent {
+            trace_id: self.trace_id,
+            parent_id,
+            sampled: self.sampled,
+        };
+        if let Ok(value) = HeaderValue::from_bytes(&traceparent.render()) {
+            fields.insert(TRACEPARENT, value);
         }
-        let span = builder.start_with_context(&self.tracer, &self.context);
-        let context = self.context.with_span(span);
-        TraceContextPropagator::new().inject_context(&context, &mut FieldsOut(fields));
-        ChildSpan(context)
+        if let Some(state) = &self.tracestate {
+            fields.insert(TRACESTATE, state.clone());
+        } else if self.stale_tracestate {
+            fields.remove(TRACESTATE);
+        }
+        child
     }
 
-    /// An INTERNAL span of one store call.
-    pub(crate) fn store(&self, backend: &'static str) -> ChildSpan {
-        let span = self
-            .tracer
+    /// An INTERNAL span of one store call (sampled traces only).
+    pub(crate) fn store(&self, backend: &'static str) -> Option<ChildSpan> {
+        let (server, tracer) = self.recorded.as_deref()?;
+        let span = tracer
             .span_builder("tollgate.store")
             .with_kind(SpanKind::Internal)
             .with_attributes([KeyValue::new("tollgate.store.backend", backend)])
-            .start_with_context(&self.tracer, &self.context);
-        ChildSpan(self.context.with_span(span))
+            .start_with_context(tracer, server);
+        Some(ChildSpan(server.with_span(span)))
     }
 
     /// Names the span `METHOD ROUTE`, gives it the request's attributes (worked out only for
     /// a sampled span) and ends it.
     pub(crate) fn finish<'a>(self, method: &Method, finished: impl FnOnce() -> Finished<'a>) {
-        let span = self.context.span();
-        if span.is_recording() {
-            let finished = finished();
-            if let Some(route) = finished.route {
-                span.update_name(format!("{method} {route}"));
+        let Some(recorded) = self.recorded else {
+            return;
+        };
+        let (server, _) = *recorded;
+        let span = server.span();
+        let finished = finished();
+        if let Some(route) = finished.route {
+            span.update_name(format!("{method} {route}"));
+        }
+        let mut attributes = vec![
+            KeyValue::new("http.request.method", method.to_string()),
+            KeyValue::new("url.path", finished.path.to_owned()),
+            KeyValue::new(
+                "http.response.status_code",
+                i64::from(finished.status.as_u16()),
+            ),
+        ];
+        let mut text = |key: &'static str, value: Option<String>| {
+            if let Some(value) = value {
+                attributes.push(KeyValue::new(key, value));
             }
-            let mut attributes = vec![
-                KeyValue::new("http.request.method", method.to_string()),
-                KeyValue::new("url.path", finished.path.to_owned()),
-                KeyValue::new(
-                    "http.response.status_code",
-                    i64::from(finished.status.as_u16()),
-                ),
-            ];
-            let mut text = |key: &'static str, value: Option<String>| {
-                if let Some(value) = value {
-                    attributes.push(KeyValue::new(key, value));
-                }
-            };
-            text(
-                "client.address",
-                finished.client.map(|client| client.to_string()),
-            );
-            text("tollgate.route", finished.route.map(str::to_owned));
-            text("tollgate.outcome", finished.outcome.map(str::to_owned));
-            text("tollgate.limits", finished.limits);
-            text("tollgate.refused_by", finished.refused_by);
-            span.set_attributes(attributes);
-            if finished.status.is_server_error() {
-                span.set_status(Status::error(finished.status.to_string()));
-            }
+        };
+        text(
+            "client.address",
+            finished.client.map(|client| client.to_string()),
+        );
+        text("tollgate.route", finished.route.map(str::to_owned));
+        text("tollgate.outcome", finished.outcome.map(str::to_owned));
+        text("tollgate.limits", finished.limits);
+        text("tollgate.refused_by", finished.refused_by);
+        span.set_attributes(attributes);
+        if finished.status.is_server_error() {
+            span.set_status(Status::error(finished.status.to_string()));
         }
         span.end();
     }
@@ -197,32 +271,5 @@ impl ChildSpan {
 impl Drop for ChildSpan {
     fn drop(&mut self) {
         self.0.span().end();
-    }
-}
-
-/// A request's fields, read by the propagator.
-struct Fields<'a>(&'a HeaderMap);
-
-impl Extractor for Fields<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(HeaderName::as_str).collect()
-    }
-}
-
-/// An upstream request's fields, written by the propagator (replacing the client's).
-struct FieldsOut<'a>(&'a mut HeaderMap);
-
-impl Injector for FieldsOut<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(key.as_bytes()),
-            HeaderValue::from_str(&value),
-        ) {
-            self.0.insert(name, value);
-        }
     }
 }

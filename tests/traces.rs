@@ -421,3 +421,30 @@ async fn decisions_get_server_spans_parented_by_the_asking_proxy() {
     assert_eq!(rls["parent_span_id"], PARENT_SPAN);
     assert_eq!(rls["attributes"]["tollgate.outcome"], "allowed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_never_answers_costs_dropped_spans_not_memory_or_time() {
+    // It takes connections and never says a word.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_address = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let upstream = start_upstream().await;
+    let tracing = format!("[tracing]\notlp_endpoint = \"http://{silent_address}\"\n");
+    let gateway = start_gateway(&policy(&tracing), upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    // Two spans a request (the server's and the upstream's; this route has no limit): past
+    // the queue's 2048 while the first batch waits on the collector.
+    for _ in 0..1500 {
+        assert_eq!(client.get("/a", &[]).await.status, 200);
+    }
+    let dropped = metric(
+        &gateway.render_metrics(),
+        "tollgate_trace_spans_dropped_total",
+    );
+    assert!(dropped >= 1.0, "the queue is bounded: {dropped}");
+}

@@ -93,6 +93,19 @@ fn write_header(out: &mut String, policy: &Policy) {
         let _ = writeln!(out, "identity: {jwt}");
     }
     write_store(out, policy);
+    if let Some(tracing) = &policy.tracing {
+        let protocol = match tracing.protocol {
+            crate::config::OtlpProtocol::Grpc => "gRPC",
+            crate::config::OtlpProtocol::HttpProtobuf => "HTTP/protobuf",
+        };
+        let _ = writeln!(
+            out,
+            "tracing: spans of {} to {} over OTLP {protocol}; {}% of new traces sampled, a parent's flag followed",
+            tracing.service_name,
+            tracing.endpoint,
+            tracing.sample_ratio * 100.0
+        );
+    }
 }
 
 /// Which peers send PROXY headers, and `[server.connections]`.

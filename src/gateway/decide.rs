@@ -108,7 +108,7 @@ impl Gateway {
             .map(|leases| leases.leasing(slot_requests.requests()));
         let decision = self.store_decision(buckets.requests(), leasing.as_ref());
         let store_span =
-            (exchange.trace.as_ref()).map(|trace| trace.store(self.shared.store.backend()));
+            (exchange.trace.as_ref()).and_then(|trace| trace.store(self.shared.store.backend()));
         let decision = decision.await;
         if let (Some(span), Err(error)) = (&store_span, &decision) {
             span.failed(error);

@@ -41,7 +41,7 @@ impl Gateway {
         let real_ip = clean_fields(routed, &mut parts, exchange.client);
         let route = routed.route;
         // Its context goes upstream in `traceparent`, sampled or not.
-        let upstream_span = exchange.trace.as_ref().map(|trace| {
+        let upstream_span = exchange.trace.as_ref().and_then(|trace| {
             let target = route
                 .upstream
                 .settings

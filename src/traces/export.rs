@@ -28,8 +28,9 @@ use crate::limit::clock;
 const QUEUE: usize = 2048;
 /// The most spans one export carries.
 const BATCH: usize = 512;
-/// How long a span waits for others to fill its batch.
-const BATCH_DELAY: Duration = Duration::from_secs(1);
+/// How long a span waits for others to fill its batch (OpenTelemetry's default): a sampled
+/// share of a busy gateway's requests fills batches, rather than sending a few spans a call.
+const BATCH_DELAY: Duration = Duration::from_secs(5);
 /// How long one export may take.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A failing collector is logged at most this often.

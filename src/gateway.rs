@@ -256,7 +256,9 @@ impl Gateway {
         let mut exchange = Exchange::new(request.method().clone(), request_id);
         exchange.listener = S::LISTENER;
         if let Some(traces) = &self.shared.traces {
-            exchange.trace = Some(traces.server_span(request.headers(), request.method()));
+            let method = request.method();
+            exchange.trace =
+                Some(traces.server_span(request.headers(), scan.trace_context, method));
         }
         // What the client is told of the route's limits, on a 429 or beside an admission.
         let mut reports = Reports::new();

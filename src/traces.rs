@@ -60,11 +60,19 @@ impl Traces {
     /// A request's SERVER span, continuing the trace its fields carry (a malformed
     /// `traceparent` starts a new one). Only a sampled trace makes a span of the SDK's: the
     /// others are their ids alone, which is all their propagation needs.
-    pub(crate) fn server_span(&self, headers: &HeaderMap, method: &Method) -> RequestTrace {
-        let incoming = headers
-            .get(TRACEPARENT)
+    /// `carried`: whether the fields may hold a context (their scan saw `traceparent` or
+    /// `tracestate`); most requests do not, and are spared two lookups.
+    pub(crate) fn server_span(
+        &self,
+        headers: &HeaderMap,
+        carried: bool,
+        method: &Method,
+    ) -> RequestTrace {
+        let incoming = carried
+            .then(|| headers.get(TRACEPARENT))
+            .flatten()
             .and_then(|value| TraceParent::parse(value.as_bytes()));
-        let caller_state = headers.get(TRACESTATE);
+        let caller_state = carried.then(|| headers.get(TRACESTATE)).flatten();
         let tracestate = incoming.and(caller_state).cloned();
         let trace_id = incoming.map_or_else(context::new_trace_id, |parent| parent.trace_id);
         let sampled = match incoming {

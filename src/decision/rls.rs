@@ -68,7 +68,7 @@ pub(super) async fn answer(
     exchange.route = Some(RLS_ROUTE.into());
     if let Some(traces) = &gateway.shared.traces {
         // Parented by the asking proxy's context, from the call's metadata.
-        exchange.trace = Some(traces.server_span(request.headers(), &Method::POST));
+        exchange.trace = Some(traces.server_span(request.headers(), true, &Method::POST));
     }
     let mode = runtime.policy.server.ratelimit_headers;
     let answered = match read_call(request).await {

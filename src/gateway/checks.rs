@@ -23,6 +23,8 @@ pub(crate) struct FieldScan {
     pub(crate) upgrade: bool,
     /// `content-type` names gRPC: the gateway's own answers are given as gRPC status.
     pub(crate) grpc: bool,
+    /// `traceparent` or `tracestate`: a W3C trace context to continue (with `[tracing]`).
+    pub(crate) trace_context: bool,
 }
 
 impl FieldScan {
@@ -35,6 +37,8 @@ impl FieldScan {
             match name.len() {
                 7 => scan.upgrade |= name == "upgrade",
                 9 => scan.other_forwarding |= name == "forwarded" || name == "x-real-ip",
+                10 => scan.trace_context |= name == "tracestate",
+                11 => scan.trace_context |= name == "traceparent",
                 12 => {
                     scan.request_id |= name == "x-request-id";
                     scan.grpc |= name == "content-type" && crate::grpc::is_grpc(value.as_bytes());
@@ -227,7 +231,8 @@ mod tests {
                     prop::sample::select(vec![
                         "upgrade", "x-request-id", "content-length", "x-forwarded-for",
                         "transfer-encoding", "host", "x-user-id", "x-forwarded-fo",
-                        "connection", "x-request-ids", "accept-encoding",
+                        "connection", "x-request-ids", "accept-encoding", "traceparent",
+                        "tracestate", "traceparents",
                     ]),
                     "[a-z0-9]{0,12}",
                 ),
@@ -241,6 +246,10 @@ mod tests {
             let scan = FieldScan::of(&headers);
             prop_assert_eq!(scan.upgrade, headers.contains_key(header::UPGRADE));
             prop_assert_eq!(scan.request_id, headers.contains_key(X_REQUEST_ID));
+            prop_assert_eq!(
+                scan.trace_context,
+                headers.contains_key("traceparent") || headers.contains_key("tracestate")
+            );
             prop_assert_eq!(scan.content_length, headers.contains_key(header::CONTENT_LENGTH));
             prop_assert_eq!(scan.forwarded_for, headers.contains_key(X_FORWARDED_FOR));
             prop_assert_eq!(

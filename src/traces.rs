@@ -226,14 +226,18 @@ impl RequestTrace {
         if let Some(route) = finished.route {
             span.update_name(format!("{method} {route}"));
         }
-        let mut attributes = vec![
-            KeyValue::new("http.request.method", method.to_string()),
+        let mut attributes = Vec::with_capacity(8);
+        attributes.extend([
+            KeyValue::new("http.request.method", method_name(method)),
             KeyValue::new("url.path", finished.path.to_owned()),
             KeyValue::new(
                 "http.response.status_code",
                 i64::from(finished.status.as_u16()),
             ),
-        ];
+        ]);
+        if let Some(outcome) = finished.outcome {
+            attributes.push(KeyValue::new("tollgate.outcome", outcome));
+        }
         let mut text = |key: &'static str, value: Option<String>| {
             if let Some(value) = value {
                 attributes.push(KeyValue::new(key, value));
@@ -244,7 +248,6 @@ impl RequestTrace {
             finished.client.map(|client| client.to_string()),
         );
         text("tollgate.route", finished.route.map(str::to_owned));
-        text("tollgate.outcome", finished.outcome.map(str::to_owned));
         text("tollgate.limits", finished.limits);
         text("tollgate.refused_by", finished.refused_by);
         span.set_attributes(attributes);
@@ -253,6 +256,21 @@ impl RequestTrace {
         }
         span.end();
     }
+}
+
+/// A method's name, without an allocation for the standard ones.
+fn method_name(method: &Method) -> opentelemetry::StringValue {
+    let name: &'static str = match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => return method.as_str().to_owned().into(),
+    };
+    name.into()
 }
 
 /// A child span, ended when dropped.

@@ -12,8 +12,10 @@ use hyper_util::rt::TokioExecutor;
 use opentelemetry::trace::TraceResult;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
+use opentelemetry_proto::tonic::resource::v1::Resource as ProtoResource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span as ProtoSpan};
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
-use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
 use opentelemetry_sdk::export::trace::SpanData;
 use opentelemetry_sdk::trace::{Span, SpanProcessor};
 use opentelemetry_sdk::Resource;
@@ -122,9 +124,11 @@ async fn export_loop(
                 batch.push(span);
             }
         }
-        for chunk in batch.chunks(BATCH) {
-            let sent =
-                tokio::time::timeout(EXPORT_TIMEOUT, collector.export(chunk.to_vec(), &resource));
+        while !batch.is_empty() {
+            // Moved, not copied, into the request.
+            let chunk: Vec<SpanData> = batch.drain(..batch.len().min(BATCH)).collect();
+            let spans = chunk.len();
+            let sent = tokio::time::timeout(EXPORT_TIMEOUT, collector.export(chunk, &resource));
             let error = match sent.await {
                 Ok(Ok(())) => continue,
                 Ok(Err(error)) => error,
@@ -132,7 +136,7 @@ async fn export_loop(
             };
             if warned.is_none_or(|at| clock::elapsed(at) >= WARN_EVERY) {
                 warned = Some(clock::instant());
-                tracing::warn!(%error, endpoint = %collector.endpoint(), spans = chunk.len(), "spans not exported (logged at most once a minute)");
+                tracing::warn!(%error, endpoint = %collector.endpoint(), spans, "spans not exported (logged at most once a minute)");
             }
         }
         if let Some(done) = flushed {
@@ -184,8 +188,24 @@ impl Collector {
         spans: Vec<SpanData>,
         resource: &ResourceAttributesWithSchema,
     ) -> Result<(), String> {
+        // One resource and one scope (the gateway's tracer): the spans move into the request
+        // (the transform's own grouping clones each span).
+        let scope = spans
+            .first()
+            .map(|span| InstrumentationScope::from((&span.instrumentation_scope, None)));
         let request = ExportTraceServiceRequest {
-            resource_spans: group_spans_by_resource_and_scope(spans, resource),
+            resource_spans: vec![ResourceSpans {
+                resource: Some(ProtoResource {
+                    attributes: resource.attributes.0.clone(),
+                    dropped_attributes_count: 0,
+                }),
+                scope_spans: vec![ScopeSpans {
+                    scope,
+                    spans: spans.into_iter().map(ProtoSpan::from).collect(),
+                    schema_url: String::new(),
+                }],
+                schema_url: resource.schema_url.clone().unwrap_or_default(),
+            }],
         };
         match self {
             Collector::Grpc { client, endpoint } => {

@@ -23,6 +23,7 @@ mod overrides;
 mod per_thread;
 mod settled;
 mod tls;
+mod traces;
 
 pub use connections::ConnectionMetrics;
 pub use overrides::{OverrideChange, OverrideMetrics};
@@ -265,14 +266,7 @@ impl Metrics {
         let overrides = OverrideMetrics::new(&registry);
         let connections = ConnectionMetrics::new(&registry);
         let tls = TlsMetrics::new(&registry);
-        let trace_spans_dropped = registered(
-            &registry,
-            SharedIntCounter::new(
-                "tollgate_trace_spans_dropped_total",
-                "Spans dropped because the export queue to the OTLP collector was full ([tracing]).",
-            )
-            .expect("valid metric"),
-        );
+        let trace_spans_dropped = traces::spans_dropped(&registry);
         for result in ["ok", "error"] {
             config_reloads.with_label_values(&[result]);
         }

@@ -33,17 +33,17 @@ impl Drop for Receiver {
 
 impl Receiver {
     fn start() -> Receiver {
-        let (grpc, http) = (free_port(), free_port());
         let mut process = Command::new(test_python())
             .arg(crate_root().join("tests/fixtures/otlp_receiver.py"))
-            .args([grpc.to_string(), http.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("the tests' python (scripts/test.sh installs opentelemetry-proto and grpcio)");
         let mut lines = BufReader::new(process.stdout.take().unwrap()).lines();
         let ready = lines.next().expect("the receiver starts").unwrap();
-        assert!(ready.contains("ready"), "{ready}");
+        let ports: Value = serde_json::from_str(&ready).unwrap_or_else(|_| panic!("{ready}"));
+        let port = |transport: &str| ports[transport].as_u64().expect("a port") as u16;
+        let (grpc, http) = (port("grpc"), port("http"));
         let spans = Arc::new(Mutex::new(Vec::new()));
         let received = spans.clone();
         std::thread::spawn(move || {

@@ -21,6 +21,7 @@
 #                                        # to the decision listener (REFUSING=1: refused ones)
 #   TRACING=0.01 bench/instructions.sh   # [tracing] with this sample_ratio, spans exported over
 #                                        # gRPC to the tests' OTLP receiver (on CPU 0)
+#   KEYS_PER_LIMIT=0 bench/instructions.sh   # [top] keys_per_limit (default 1000; 0: top keys off)
 #   OVERRIDE=1 bench/instructions.sh     # the per-user limit's key under an operator's override
 #                                        # (the limit's own numbers, set through /overrides)
 #   PROXY=nginx bench/instructions.sh    # nginx with limit_req (row 3) under the same load, for a
@@ -106,12 +107,17 @@ else
     decision_port=$(free_port)
     printf '[decision]\nlisten = "127.0.0.1:%s"\n' "$decision_port" >> "$work/policy.toml"
   fi
+  if [[ -n "${KEYS_PER_LIMIT:-}" ]]; then
+    printf '[top]\nkeys_per_limit = %s\n' "$KEYS_PER_LIMIT" >> "$work/policy.toml"
+  fi
   if [[ -n "${TRACING:-}" ]]; then
-    collector=$(free_port)
-    taskset -c 0 target/test-python/bin/python tests/fixtures/otlp_receiver.py "$collector" \
-      "$(free_port)" >/dev/null 2>&1 &
+    # The receiver binds ports of its own choosing and names them on its first line.
+    taskset -c 0 target/test-python/bin/python tests/fixtures/otlp_receiver.py \
+      > "$work/receiver.out" 2>/dev/null &
     pids+=($!)
-    wait_for_port "$collector"
+    until [[ -s "$work/receiver.out" ]]; do sleep 0.1; done
+    collector=$(python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["grpc"])' \
+      < "$work/receiver.out")
     printf '[tracing]\notlp_endpoint = "http://127.0.0.1:%s"\nsample_ratio = %s\n' \
       "$collector" "$TRACING" >> "$work/policy.toml"
   fi

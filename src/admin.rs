@@ -1,9 +1,12 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz`, and `/limits` (look up and reset a
-//! key, behind `[admin] token_env`). Never served on the public listener.
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, and behind `[admin] token_env`:
+//! `/limits` (look up and reset a key), `/overrides` and `/top`. Never served on the public
+//! listener.
 
 pub mod commands;
 mod limits;
 mod overrides;
+mod top;
+pub mod top_command;
 
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
@@ -116,9 +119,15 @@ async fn answer(shared: &Shared, request: Request<Incoming>, peer: IpAddr) -> Re
         path.strip_prefix(prefix)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     };
-    if under("/limits") || under("/overrides") {
+    if under("/limits") || under("/overrides") || under("/top") {
         if !authorized(shared, request.headers()) {
             return respond::unauthorized("Bearer", "unauthorized", None);
+        }
+        if under("/top") {
+            if request.method() != Method::GET && request.method() != Method::HEAD {
+                return limits::method_not_allowed();
+            }
+            return top::answer(shared, path, request.uri().query()).await;
         }
         if under("/overrides") {
             return overrides::answer(shared, request, peer).await;

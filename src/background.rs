@@ -45,6 +45,64 @@ pub(crate) fn spawn_sweeper(shared: Weak<Shared>) {
     });
 }
 
+/// Closes top keys' ten-second slots, and snapshots each route's outcomes for `/top/routes`.
+pub(crate) fn spawn_top_slots(shared: Weak<Shared>) {
+    tokio::spawn(async move {
+        let period = Duration::from_secs(crate::top::windows::SLOT_SECONDS);
+        let mut interval = tokio::time::interval(period);
+        interval.tick().await;
+        loop {
+            interval.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                break;
+            };
+            shared.metrics.top.close_slot();
+            shared
+                .route_history
+                .close_slot(shared.metrics.route_outcomes());
+        }
+    });
+}
+
+/// With Redis, sends this replica's top keys to the fleet every second (while `[top]` is on
+/// and something was counted).
+pub(crate) fn spawn_top_sender(shared: Weak<Shared>) {
+    use crate::top::fleet::VIEW_TTL_MS;
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_secs(1));
+        let mut failing = false;
+        loop {
+            interval.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                break;
+            };
+            let (Store::Redis(redis), true) = (&shared.store, shared.metrics.top.capacity() > 0)
+            else {
+                continue;
+            };
+            let limits: Vec<_> = (shared.runtime.load().policy.limits.iter())
+                .map(|limit| limit.name.clone())
+                .collect();
+            let top = &shared.metrics.top;
+            let view = top.view(&limits);
+            if view.limits.is_empty() {
+                continue;
+            }
+            let text = serde_json::to_string(&view).unwrap_or_default();
+            let sent = redis.send_top(top.replica(), &text, VIEW_TTL_MS).await;
+            match sent {
+                Ok(()) => failing = false,
+                // Logged once per failure streak: the store's own errors say the rest.
+                Err(error) if !failing => {
+                    failing = true;
+                    tracing::warn!(%error, "top keys not sent to the fleet");
+                }
+                Err(_) => {}
+            }
+        }
+    });
+}
+
 /// Reads the fleet's overrides again when another replica announces a change (with Redis),
 /// every 250 ms while this replica cannot hear announcements, and every 10 s in any case; drops
 /// the overrides that ended every second.

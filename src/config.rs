@@ -61,6 +61,8 @@ pub struct Policy {
     pub overrides: OverrideSettings,
     /// `[tracing]` (or `OTEL_EXPORTER_OTLP_ENDPOINT`): request spans exported over OTLP.
     pub tracing: Option<TraceSettings>,
+    /// `[top]`: heavy hitters tracked per limit.
+    pub top: TopSettings,
     /// Suspicious but valid policy (`tollgate check` prints them, `run` logs them).
     pub warnings: Vec<String>,
 }
@@ -154,6 +156,21 @@ pub struct StoreSettings {
     pub hash_key: Option<String>,
     /// Set when `backend = "redis"`.
     pub redis: Option<RedisSettings>,
+}
+
+/// `[top]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopSettings {
+    /// Counters per limit and thing counted; 0 turns top keys off.
+    pub keys_per_limit: usize,
+}
+
+impl Default for TopSettings {
+    fn default() -> Self {
+        TopSettings {
+            keys_per_limit: 1000,
+        }
+    }
 }
 
 /// `[overrides]`.

@@ -42,6 +42,7 @@ pub mod server;
 pub mod settle;
 mod shared;
 pub mod tls;
+pub mod top;
 mod traces;
 pub mod upstream;
 pub mod wire;
@@ -129,6 +130,8 @@ impl Tollgate {
         }
         background::spawn_load_ticker(Arc::downgrade(&shared));
         background::spawn_sweeper(Arc::downgrade(&shared));
+        background::spawn_top_slots(Arc::downgrade(&shared));
+        background::spawn_top_sender(Arc::downgrade(&shared));
         background::spawn_store_probe(Arc::downgrade(&shared));
         background::spawn_overrides_follower(Arc::downgrade(&shared));
         if let Store::Redis(redis) = &shared.store {

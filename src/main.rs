@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use tollgate::admin::commands::{self, KeyArguments};
+use tollgate::admin::top_command;
 use tollgate::config::{self, Policy};
 use tollgate::{demo, Options, Tollgate};
 use tracing_subscriber::EnvFilter;
@@ -68,6 +69,10 @@ enum Command {
     /// a Redis store), list the overrides, or delete one.
     #[command(subcommand)]
     Override(commands::OverrideCommand),
+    /// Whom a running gateway stops now: each route's requests by outcome, then each limit's
+    /// top keys (the fleet's, with Redis), refreshed every second until q; --once prints one
+    /// table and exits.
+    Top(top_command::TopArguments),
     /// Decide logged traffic (tollgate's JSON access log; gzip and `-` for stdin too) against a
     /// policy, with the log's clock, and report what it would refuse. Exit 0 when it ran, 1
     /// when no line could be read, 2 for a bad policy.
@@ -153,6 +158,7 @@ fn main() -> ExitCode {
             Command::Inspect(arguments) => Ok(commands::key_command(false, arguments).await),
             Command::Reset(arguments) => Ok(commands::key_command(true, arguments).await),
             Command::Override(command) => Ok(commands::override_command(command).await),
+            Command::Top(arguments) => Ok(top_command::top_command(arguments).await),
         }
     });
     match result {

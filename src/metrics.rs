@@ -21,6 +21,7 @@ mod decision;
 mod labels;
 mod overrides;
 mod per_thread;
+pub(crate) use per_thread::{thread_slot, thread_slots};
 mod settled;
 mod tls;
 mod traces;
@@ -76,6 +77,8 @@ pub struct Metrics {
     pub connections: ConnectionMetrics,
     /// `tollgate_tls_handshake_failures_total`, `tollgate_tls_certificate_expiry_seconds`.
     pub tls: TlsMetrics,
+    /// Each limit's top keys (`[top]`); what its limits' handles count into.
+    pub top: std::sync::Arc<crate::top::TopKeys>,
     /// `tollgate_trace_spans_dropped_total`: spans the export queue had no room for.
     pub trace_spans_dropped: SharedIntCounter,
 }
@@ -274,6 +277,7 @@ impl Metrics {
             client_ip_warnings.with_label_values(&[warning.as_str()]);
         }
         Metrics {
+            top: std::sync::Arc::new(crate::top::TopKeys::new(0)),
             registry,
             unrouted_bad_requests: requests.int_counter(&[NO_ROUTE, Outcome::BadRequest.as_str()]),
             unrouted: requests.int_counter(&[NO_ROUTE, Outcome::NoRoute.as_str()]),
@@ -381,6 +385,20 @@ impl Metrics {
             .sum()
     }
 
+    /// `tollgate_requests_total` by route, then outcome (what `/top/routes` differences).
+    pub fn route_outcomes(&self) -> crate::top::routes::RouteCounts {
+        let mut counts = crate::top::routes::RouteCounts::new();
+        for (labels, value) in self.requests.values() {
+            if let [route, outcome] = &labels[..] {
+                counts
+                    .entry(route.clone())
+                    .or_default()
+                    .insert(outcome.clone(), value);
+            }
+        }
+        counts
+    }
+
     /// Counts a request that reached no route, by its outcome (`None`: not counted).
     pub fn unrouted(&self, outcome: Option<Outcome>) {
         match outcome {
@@ -480,6 +498,7 @@ impl Metrics {
             limited: self.limited.int_counter(&[route, name]),
             tokens_consumed: self.tokens_consumed.counter(&[route, name]),
             fill_ratio: self.fill_ratio.histogram(&[name]),
+            top: self.top.id(&limit.name),
         }
     }
 }
@@ -531,6 +550,8 @@ pub struct LimitMetrics {
     pub limited: IntCounter,
     pub tokens_consumed: Counter,
     pub fill_ratio: Histogram,
+    /// Where top keys count the limit's shares; `None` while `[top]` is off.
+    pub top: Option<crate::top::TopId>,
 }
 
 #[cfg(test)]

@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     /// Keys whose numbers an operator changed while the gateway runs.
     pub(crate) overrides: Overrides,
     pub(crate) metrics: Metrics,
+    /// Each route's outcomes as they were every ten seconds (`/top/routes`).
+    pub(crate) route_history: crate::top::routes::RouteHistory,
     pub(crate) store_calls: StoreCallMetrics,
     pub(crate) trust_warned: TrustWarned,
     pub(crate) shutting_down: AtomicBool,
@@ -103,6 +105,7 @@ impl Shared {
     /// without connecting), metrics, runtime and TLS acceptor.
     pub(crate) fn new(policy: &Policy, clock: Clock) -> Result<Shared, StartError> {
         let metrics = Metrics::new();
+        metrics.top.set_capacity(policy.top.keys_per_limit);
         let store = match &policy.store.redis {
             Some(settings) => Store::Redis(Arc::new(
                 RedisStore::new(settings, clock.clone())
@@ -146,6 +149,7 @@ impl Shared {
             hasher,
             runtime: ArcSwap::from_pointee(runtime),
             metrics,
+            route_history: Default::default(),
             trust_warned: TrustWarned::default(),
             shutting_down: AtomicBool::new(false),
             load: LoadMonitor::default(),
@@ -162,6 +166,7 @@ impl Shared {
     /// keep theirs). What only a restart changes is logged, not applied.
     pub(crate) fn swap_policy(&self, policy: Policy) -> Result<(), ReloadError> {
         let tls = tls_listener(&policy, self.acme.clone()).map_err(ReloadError::Tls)?;
+        self.metrics.top.set_capacity(policy.top.keys_per_limit);
         let runtime = Runtime::new(policy, &self.metrics).map_err(ReloadError::Upstream)?;
         let current = self.runtime.load();
         let (old, new) = (&current.policy, &runtime.policy);

@@ -21,7 +21,7 @@ pub struct AdminTarget {
 impl AdminTarget {
     /// The admin listener's URL and the token to send; `None` (said on stderr) when the
     /// address cannot be found.
-    fn resolve(&self) -> Option<(String, Option<String>)> {
+    pub(super) fn resolve(&self) -> Option<(String, Option<String>)> {
         let path = self.config.clone().unwrap_or_else(config::default_path);
         let policy = Policy::load(&path);
         let admin = match (&self.admin, &policy) {

@@ -16,6 +16,7 @@ mod shaping;
 mod store;
 mod tiers;
 mod tls;
+mod top;
 mod traces;
 mod upstreams;
 mod warnings;
@@ -389,6 +390,7 @@ fn compile_raw(
         geoip,
         overrides,
         tracing,
+        top: top::compile_top(raw.top, errors),
         warnings: Vec::new(),
     };
     policy.warnings = warnings::warnings(&policy);

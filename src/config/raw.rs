@@ -20,6 +20,7 @@ mod limit;
 mod overrides;
 mod route_limit;
 mod tls;
+mod top;
 mod traces;
 
 pub use decision::{RawDecision, RawDescriptorEntry, RawDescriptorRule};
@@ -28,6 +29,7 @@ pub use limit::{RawBan, RawCarried, RawLimit, RawNumber, RawRefusal, RawTier, Ra
 pub use overrides::RawOverrides;
 pub use route_limit::{RawCost, RawReadCost, RawRouteLimit, RawSettle, RawSettleField};
 pub use tls::{RawAcme, RawCertificate, RawTls};
+pub use top::RawTop;
 pub use traces::RawTracing;
 
 #[derive(Debug, Deserialize)]
@@ -55,6 +57,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub overrides: RawOverrides,
     pub tracing: Option<RawTracing>,
+    #[serde(default)]
+    pub top: RawTop,
 }
 
 /// `[geoip]`: MaxMind DB files for the `client_asn` and `client_country` keys.

@@ -18,6 +18,7 @@ use crate::limit::{clock, BucketRequest, Held, Store, StoreError, StoreVerdict};
 use crate::metrics::{Outcome, SharedIntCounter};
 use crate::reject::{banned, refusing, Reject, Reports};
 use crate::runtime::{AppliedLimit, ServedRoute};
+use crate::top::{self, TopKeys};
 
 /// A request its limits let through, and on what grounds.
 pub(crate) struct Admission<'r> {
@@ -147,8 +148,17 @@ impl Gateway {
             }
         };
         let decided = decided.as_ref().unwrap_or(buckets);
-        admission(&decision, decider, decided, held, reports, &mut observer)
-            .ok_or_else(|| refused(exchange, reports))
+        let top = &self.shared.metrics.top;
+        admission(
+            &decision,
+            decider,
+            decided,
+            held,
+            reports,
+            &mut observer,
+            top,
+        )
+        .ok_or_else(|| refused(exchange, reports))
     }
 
     /// The store's decision; a failure is timed, counted and logged here (an open circuit,
@@ -276,15 +286,27 @@ fn admission<'r>(
     slots: Option<Held>,
     reports: &mut Reports<'r>,
     observer: &mut impl Observer<'r>,
+    top: &TopKeys,
 ) -> Option<Admission<'r>> {
     let mut charged = SmallVec::new();
+    let mut top_shares: SmallVec<[top::Share<'_>; 4]> = SmallVec::new();
+    let requests = buckets.requests();
     let accounting = accounting::account(buckets.iter(), decision, reports, |share| {
         if share.paid {
             charged.push(share.limit);
         }
         observer.observe(share.position, &share);
+        if let Some(id) = share.limit.metrics.top {
+            top_shares.push(top::Share {
+                id,
+                key: &requests[share.position].key.parts,
+                charged: share.charged,
+                refused: share.refused,
+            });
+        }
         record_share(share)
     });
+    top.record(&top_shares);
     if !accounting.admitted {
         return None;
     }

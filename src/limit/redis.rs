@@ -40,6 +40,7 @@ mod server_clock;
 mod settings;
 mod slots;
 mod token_lease;
+mod top;
 mod verdict;
 
 use batch::Batcher;

@@ -63,6 +63,19 @@ fn slot() -> Slot {
     SLOT.with(|slot| *slot)
 }
 
+/// The calling thread's slot as an index below [`thread_slots`]: what else is kept per thread
+/// (top keys' tables) is kept by the same slots.
+pub(crate) fn thread_slot() -> usize {
+    match slot() {
+        Slot::Owned(index) | Slot::Shared(index) => index,
+    }
+}
+
+/// How many slots [`thread_slot`] gives out: the owned ones and the shared one after them.
+pub(crate) fn thread_slots() -> usize {
+    owned_slots() + 1
+}
+
 #[derive(Clone, Copy)]
 enum Slot {
     Owned(usize),

@@ -5,6 +5,7 @@
 pub mod commands;
 mod limits;
 mod overrides;
+mod scans;
 mod top;
 pub mod top_command;
 
@@ -119,9 +120,12 @@ async fn answer(shared: &Shared, request: Request<Incoming>, peer: IpAddr) -> Re
         path.strip_prefix(prefix)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     };
-    if under("/limits") || under("/overrides") || under("/top") {
+    if under("/limits") || under("/overrides") || under("/top") || under("/scans") {
         if !authorized(shared, request.headers()) {
             return respond::unauthorized("Bearer", "unauthorized", None);
+        }
+        if path == "/scans" {
+            return scans::answer(shared, request.method(), request.uri().query(), peer).await;
         }
         if under("/top") {
             if request.method() != Method::GET && request.method() != Method::HEAD {

@@ -103,6 +103,33 @@ pub(crate) fn spawn_top_sender(shared: Weak<Shared>) {
     });
 }
 
+/// `[scan]`'s table every second: the fleet's read again when it moved, records past the
+/// hour dropped, keys with no recent path forgotten.
+pub(crate) fn spawn_scans_follower(shared: Weak<Shared>) {
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_secs(1));
+        let mut failing = false;
+        loop {
+            interval.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                break;
+            };
+            let runtime = shared.runtime.load_full();
+            if runtime.policy.scan.is_none() {
+                continue;
+            }
+            match shared.scans.refresh(runtime.policy.scan.as_deref()).await {
+                Ok(()) => failing = false,
+                Err(error) if !failing => {
+                    failing = true;
+                    tracing::warn!(%error, "scans not read from the store: bans of other replicas wait");
+                }
+                Err(_) => {}
+            }
+        }
+    });
+}
+
 /// Reads the fleet's overrides again when another replica announces a change (with Redis),
 /// every 250 ms while this replica cannot hear announcements, and every 10 s in any case; drops
 /// the overrides that ended every second.

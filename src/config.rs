@@ -63,6 +63,8 @@ pub struct Policy {
     pub tracing: Option<TraceSettings>,
     /// `[top]`: heavy hitters tracked per limit.
     pub top: TopSettings,
+    /// `[scan]`: keys that walk many paths answered "not found", detected and perhaps banned.
+    pub scan: Option<Arc<ScanSettings>>,
     /// Suspicious but valid policy (`tollgate check` prints them, `run` logs them).
     pub warnings: Vec<String>,
 }
@@ -156,6 +158,21 @@ pub struct StoreSettings {
     pub hash_key: Option<String>,
     /// Set when `backend = "redis"`.
     pub redis: Option<RedisSettings>,
+}
+
+/// `[scan]`.
+#[derive(Debug, Clone)]
+pub struct ScanSettings {
+    /// The key, as a limit named `scan` keys it (sources, normalization, prefixes, exempt
+    /// networks); a request without it is not counted.
+    pub key: Arc<Limit>,
+    /// The upstream statuses that count.
+    pub statuses: Vec<u16>,
+    /// Distinct paths within `within` that make a key a scanner.
+    pub distinct_paths: usize,
+    pub within: Duration,
+    /// How long a detected key is refused on every route; `None`: detection only.
+    pub ban: Option<Duration>,
 }
 
 /// `[top]`.
@@ -455,8 +472,11 @@ pub struct Route {
     pub reads_body: bool,
     /// Some limit of this route reads a token's claim, so a token it carries is verified.
     pub reads_token: bool,
-    /// Some limit of this route reads the client's autonomous system or country.
+    /// Some limit of this route (or `[scan]`'s key) reads the client's autonomous system or
+    /// country.
     pub reads_origin: bool,
+    /// `[scan]` bans keys: any request of the route may be refused as banned.
+    pub scan_bans: bool,
 }
 
 impl AsRef<Route> for Route {

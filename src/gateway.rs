@@ -50,7 +50,7 @@ use self::read_body::read_body;
 use self::settle::Settlement;
 use self::slots::SlotRequests;
 use crate::body::Body;
-use crate::config::Limit;
+use crate::config::{Limit, ScanSettings};
 use crate::connection::{Answering, Connection, RequestBody};
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
@@ -94,6 +94,8 @@ pub(crate) struct Requested<'r> {
     pub(crate) slots: SlotRequests<'r>,
     /// The limits decided under an override, for the access log.
     pub(crate) overridden: smallvec::SmallVec<[&'r str; 2]>,
+    /// The request's `[scan]` key, counted when its answer has a listed status.
+    pub(crate) scan_key: Option<KeyParts>,
 }
 
 impl Requested<'_> {
@@ -102,6 +104,7 @@ impl Requested<'_> {
             buckets: Buckets::new(),
             slots: SlotRequests::new(),
             overridden: smallvec::SmallVec::new(),
+            scan_key: None,
         }
     }
 }
@@ -202,6 +205,10 @@ impl Serving for Proxying {
         // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
         forwarded.response.body_mut().in_flight().slots = admission.slots.take().map(Box::new);
         let status = forwarded.response.status().as_u16();
+        let scan_key = requested.scan_key.as_ref();
+        gateway
+            .count_scan(routed, scan_key, &exchange.path, status)
+            .await;
         let buckets = &requested.buckets;
         gateway
             .after_response(route, buckets, admission.decider, status)
@@ -452,6 +459,41 @@ impl Gateway {
         Ok(resolved.client)
     }
 
+    /// The request's `[scan]` key (none when it lacks it or is exempt), or its refusal while
+    /// the key is banned.
+    fn scan_key(
+        &self,
+        scan: &ScanSettings,
+        facts: &RequestFacts<'_>,
+    ) -> Result<Option<KeyParts>, Reject> {
+        let Ok(Some(key)) = key::extract(&scan.key, facts, &self.shared.hasher) else {
+            return Ok(None);
+        };
+        if let Some((until_unix, left)) = self.shared.scans.banned_until(&key) {
+            return Err(Reject::ScanBanned {
+                retry_after: left.max(1),
+                until_unix,
+            });
+        }
+        Ok(Some(key))
+    }
+
+    /// Counts an answered path toward a scan of the request's key when its status is listed.
+    async fn count_scan(
+        &self,
+        routed: &Routed<'_>,
+        key: Option<&KeyParts>,
+        path: &str,
+        status: u16,
+    ) {
+        let (Some(scan), Some(key)) = (&routed.runtime.policy.scan, key) else {
+            return;
+        };
+        if scan.statuses.contains(&status) {
+            self.shared.scans.answered(key, path, scan).await;
+        }
+    }
+
     /// One bucket per limit of the route that applies to this request, and one slot request
     /// per concurrency limit (a limit whose key the request lacks, that exempts the client, or
     /// whose tier is exempt, is skipped as the limit says). `body` is the request's body when
@@ -472,6 +514,9 @@ impl Gateway {
         let facts = RequestFacts::new(client.address, &parts.headers, parts.uri.query(), body)
             .with_claims(claims.as_deref())
             .with_client(client.origin, client.ja4);
+        if let Some(scan) = &routed.runtime.policy.scan {
+            requested.scan_key = self.scan_key(scan, &facts)?;
+        }
         let load_factor = self.shared.load.factor();
         let overrides = self.shared.overrides.table();
         // Read once, and only for a route with a calendar quota.

@@ -38,9 +38,11 @@ mod request_id;
 pub mod respond;
 pub mod route;
 pub mod runtime;
+pub mod scan;
 pub mod server;
 pub mod settle;
 mod shared;
+mod thread_slots;
 pub mod tls;
 pub mod top;
 mod traces;
@@ -132,6 +134,7 @@ impl Tollgate {
         background::spawn_sweeper(Arc::downgrade(&shared));
         background::spawn_top_slots(Arc::downgrade(&shared));
         background::spawn_top_sender(Arc::downgrade(&shared));
+        background::spawn_scans_follower(Arc::downgrade(&shared));
         background::spawn_store_probe(Arc::downgrade(&shared));
         background::spawn_overrides_follower(Arc::downgrade(&shared));
         if let Store::Redis(redis) = &shared.store {

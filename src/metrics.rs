@@ -21,7 +21,6 @@ mod decision;
 mod labels;
 mod overrides;
 mod per_thread;
-pub(crate) use per_thread::{thread_slot, thread_slots};
 mod settled;
 mod tls;
 mod traces;
@@ -81,6 +80,8 @@ pub struct Metrics {
     pub top: std::sync::Arc<crate::top::TopKeys>,
     /// `tollgate_trace_spans_dropped_total`: spans the export queue had no room for.
     pub trace_spans_dropped: SharedIntCounter,
+    /// `tollgate_scans_detected_total`.
+    pub scans_detected: prometheus::IntCounter,
 }
 
 /// Latency buckets from 100 µs to 10 s.
@@ -270,6 +271,7 @@ impl Metrics {
         let connections = ConnectionMetrics::new(&registry);
         let tls = TlsMetrics::new(&registry);
         let trace_spans_dropped = traces::spans_dropped(&registry);
+        let scans_detected = traces::scans_detected(&registry);
         for result in ["ok", "error"] {
             config_reloads.with_label_values(&[result]);
         }
@@ -310,6 +312,7 @@ impl Metrics {
             connections,
             tls,
             trace_spans_dropped,
+            scans_detected,
         }
     }
 

@@ -88,6 +88,10 @@ pub enum Reject {
     /// A ban in force on a key refused it (429, the ban's rest as `Retry-After`).
     #[error("banned")]
     Banned,
+    /// `[scan]` found the request's key scanning and bans it on every route (429, what is
+    /// left of the ban as `Retry-After`).
+    #[error("banned: scan")]
+    ScanBanned { retry_after: u64, until_unix: u64 },
     /// The store failed on a route with `on_store_failure = "deny"` (503). Caused by the store.
     #[error("store unavailable")]
     StoreUnavailable,
@@ -134,7 +138,7 @@ impl Reject {
             | Reject::InvalidToken
             | Reject::Unauthenticated(_)
             | Reject::NoRoute => Some(Cause::Client),
-            Reject::Limited | Reject::Banned => None,
+            Reject::Limited | Reject::Banned | Reject::ScanBanned { .. } => None,
             Reject::StoreUnavailable => Some(Cause::Store),
             Reject::Upstream(ForwardError::ClientBody) => Some(Cause::Client),
             Reject::Upstream(_) | Reject::UpgradeFailed => Some(Cause::Upstream),
@@ -155,7 +159,7 @@ impl Reject {
             | Reject::Unauthenticated(_) => Some(Outcome::BadRequest),
             Reject::NoRoute => Some(Outcome::NoRoute),
             Reject::Limited => Some(Outcome::Limited),
-            Reject::Banned => Some(Outcome::Banned),
+            Reject::Banned | Reject::ScanBanned { .. } => Some(Outcome::Banned),
             Reject::StoreUnavailable => Some(Outcome::StoreUnavailable),
             Reject::Upstream(ForwardError::ClientBody) => Some(Outcome::BadRequest),
             Reject::ShuttingDown

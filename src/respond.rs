@@ -155,6 +155,10 @@ pub fn rejection(
             Some(shape) => shaped_refusal(shape, mode, reports, fields),
             None => too_many_requests(mode, reports, fields),
         },
+        Reject::ScanBanned {
+            retry_after,
+            until_unix,
+        } => scan_banned(retry_after, until_unix, fields),
         Reject::StoreUnavailable => store_unavailable(1),
         Reject::Upstream(ForwardError::Timeout(_)) => gateway_timeout(),
         Reject::Upstream(ForwardError::ClientBody) => {
@@ -359,6 +363,18 @@ pub fn too_many_requests(
     fields.set(&CONTENT_TYPE_NAME, FieldValue::Static(content_type));
     refusal_fields(retry_after, mode, reports, fields);
     without_fields(StatusCode::TOO_MANY_REQUESTS, body)
+}
+
+/// The 429 of a key `[scan]` banned: the ban's rest as `Retry-After`, and why in the body.
+pub fn scan_banned(retry_after: u64, until_unix: u64, fields: &mut SetFields) -> Response<Body> {
+    let body = serde_json::json!({
+        "error": "too_many_requests",
+        "retry_after": retry_after,
+        "ban": {"reason": "scan", "until_unix": until_unix},
+    });
+    fields.set(&CONTENT_TYPE_NAME, FieldValue::Static("application/json"));
+    fields.set(&RETRY_AFTER_NAME, FieldValue::Number(retry_after));
+    without_fields(StatusCode::TOO_MANY_REQUESTS, Bytes::from(body.to_string()))
 }
 
 /// A refusal as its limit's `[limits.NAME.refusal]` shapes it: its status, its headers (or

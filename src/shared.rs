@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     /// Keys whose numbers an operator changed while the gateway runs.
     pub(crate) overrides: Overrides,
     pub(crate) metrics: Metrics,
+    /// `[scan]`: what was detected, the bans in force (this process's, or the fleet's).
+    pub(crate) scans: crate::scan::live::Scans,
     /// Each route's outcomes as they were every ten seconds (`/top/routes`).
     pub(crate) route_history: crate::top::routes::RouteHistory,
     pub(crate) store_calls: StoreCallMetrics,
@@ -139,7 +141,14 @@ impl Shared {
             clock.clone(),
             metrics.connections.open.clone(),
         ));
+        let scans = crate::scan::live::Scans::new(
+            &store,
+            policy.store.max_keys,
+            clock.clone(),
+            metrics.scans_detected.clone(),
+        );
         Ok(Shared {
+            scans,
             connections,
             overrides,
             store_calls: metrics.store_call(store.backend()),

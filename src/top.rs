@@ -17,7 +17,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::limit::{push_parts, KeyParts};
-use crate::metrics::{thread_slot, thread_slots};
+use crate::thread_slots::{thread_slot, thread_slots};
 use fleet::{LimitView, ReplicaView, SentSummary};
 use summary::{SpaceSaving, Summary};
 use windows::{History, Window};

@@ -11,6 +11,7 @@ mod limits;
 mod penalties;
 mod refusal;
 mod routes;
+mod scan;
 mod server;
 mod shaping;
 mod store;
@@ -354,7 +355,13 @@ fn compile_raw(
         .collect();
     geoip::check_databases(&limits, geoip.as_deref(), errors);
     let path_matching = server.path_matching;
-    let routes = compile_routes(raw.routes, &upstreams, &limits, path_matching, errors);
+    let mut routes = compile_routes(raw.routes, &upstreams, &limits, path_matching, errors);
+    let scan = raw
+        .scan
+        .and_then(|scan| scan::compile_scan(scan, &client_ip, jwt_configured, errors));
+    if let Some(scan) = &scan {
+        scan::mark_routes(scan, &mut routes);
+    }
     let decision_configured = raw.decision.is_some();
     let decision = raw
         .decision
@@ -391,6 +398,7 @@ fn compile_raw(
         overrides,
         tracing,
         top: top::compile_top(raw.top, errors),
+        scan: scan.map(Arc::new),
         warnings: Vec::new(),
     };
     policy.warnings = warnings::warnings(&policy);

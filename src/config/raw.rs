@@ -19,6 +19,7 @@ mod edge;
 mod limit;
 mod overrides;
 mod route_limit;
+mod scan;
 mod tls;
 mod top;
 mod traces;
@@ -28,6 +29,7 @@ pub use edge::{RawConnections, RawNetworkRate, RawProxyProtocol};
 pub use limit::{RawBan, RawCarried, RawLimit, RawNumber, RawRefusal, RawTier, RawTierSource};
 pub use overrides::RawOverrides;
 pub use route_limit::{RawCost, RawReadCost, RawRouteLimit, RawSettle, RawSettleField};
+pub use scan::RawScan;
 pub use tls::{RawAcme, RawCertificate, RawTls};
 pub use top::RawTop;
 pub use traces::RawTracing;
@@ -59,6 +61,7 @@ pub struct RawConfig {
     pub tracing: Option<RawTracing>,
     #[serde(default)]
     pub top: RawTop,
+    pub scan: Option<Spanned<RawScan>>,
 }
 
 /// `[geoip]`: MaxMind DB files for the `client_asn` and `client_country` keys.

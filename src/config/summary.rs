@@ -106,6 +106,37 @@ fn write_header(out: &mut String, policy: &Policy) {
             tracing.sample_ratio * 100.0
         );
     }
+    write_watching(out, policy);
+}
+
+/// `[top]` and `[scan]`: what operators see of whom the gateway stops.
+fn write_watching(out: &mut String, policy: &Policy) {
+    let _ = match policy.top.keys_per_limit {
+        0 => writeln!(out, "top keys: off"),
+        keys => writeln!(
+            out,
+            "top keys: {keys} per limit, refused and charged, over 1, 5 and 15 minutes"
+        ),
+    };
+    if let Some(scan) = &policy.scan {
+        let key: Vec<String> = scan.key.key.iter().map(crate::key::describe).collect();
+        let statuses: Vec<String> = scan.statuses.iter().map(u16::to_string).collect();
+        let then = match scan.ban {
+            Some(ban) => format!(
+                "banned on every route for {}",
+                humantime::format_duration(ban)
+            ),
+            None => "logged and counted (no ban)".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "scan: a {} with {} distinct paths answered {} within {} is {then}",
+            key.join(" + "),
+            scan.distinct_paths,
+            statuses.join("/"),
+            humantime::format_duration(scan.within),
+        );
+    }
 }
 
 /// Which peers send PROXY headers, and `[server.connections]`.

@@ -140,9 +140,9 @@ async fn decide_call(
         .map(|told| status(told.map(|(rule, told)| (&*rule.rule.limit, told))))
         .collect();
     let overall = match result {
-        Err(Reject::Limited | Reject::Banned | Reject::StoreUnavailable) => {
-            DescriptorCode::OverLimit
-        }
+        Err(
+            Reject::Limited | Reject::Banned | Reject::ScanBanned { .. } | Reject::StoreUnavailable,
+        ) => DescriptorCode::OverLimit,
         _ => DescriptorCode::Ok,
     };
     let response = RateLimitResponse {

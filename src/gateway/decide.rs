@@ -78,6 +78,7 @@ impl Gateway {
             buckets,
             slots: slot_requests,
             overridden,
+            scan_key: _,
         } = requested;
         if access_log::enabled() {
             exchange.keys = Some(access_log::keys(buckets.requests()));

@@ -35,6 +35,7 @@ pub(crate) mod keys;
 mod node;
 mod overrides;
 mod refund;
+mod scans;
 mod sentinel;
 mod server_clock;
 mod settings;

@@ -47,10 +47,11 @@ impl Outcome {
                 limited && route.on_store_failure != StoreFailurePolicy::Deny
             }
             Outcome::NoRoute => false,
-            Outcome::Banned => route
-                .limits
-                .iter()
-                .any(|entry| entry.limit.ban.is_some() && entry.limit.mode == Mode::Enforce),
+            Outcome::Banned => {
+                route.scan_bans
+                    || (route.limits.iter())
+                        .any(|entry| entry.limit.ban.is_some() && entry.limit.mode == Mode::Enforce)
+            }
         }
     }
 

@@ -57,6 +57,14 @@ pub fn forward_auth_rejection(
             }
             response
         }
+        Reject::ScanBanned { .. } => {
+            fields.set(&X_TOLLGATE_LIMIT, FieldValue::Static("scan"));
+            let mut response = rejection(reject, mode, None, reports, fields);
+            if let Some(status) = refuse_status {
+                *response.status_mut() = status;
+            }
+            response
+        }
         other => rejection(other, mode, None, reports, fields),
     }
 }

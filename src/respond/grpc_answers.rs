@@ -22,7 +22,11 @@ pub fn grpc_rejection(
     fields: &mut SetFields,
 ) -> Response<Body> {
     let message = reject.to_string();
-    let limited = matches!(reject, Reject::Limited | Reject::Banned);
+    let wait = match &reject {
+        Reject::Limited | Reject::Banned => Some(refused_wait(reports)),
+        Reject::ScanBanned { retry_after, .. } => Some(*retry_after as f64),
+        _ => None,
+    };
     // gRPC refusals keep their own shape: RESOURCE_EXHAUSTED.
     let answer = rejection(reject, mode, None, reports, fields);
     let code = grpc::Code::for_status(answer.status());
@@ -37,7 +41,6 @@ pub fn grpc_rejection(
         &GRPC_MESSAGE,
         FieldValue::Text(grpc::message_field(&message)),
     );
-    let wait = limited.then(|| refused_wait(reports));
     fields.set(
         &GRPC_STATUS_DETAILS,
         FieldValue::Text(grpc::status_details(code, &message, wait)),

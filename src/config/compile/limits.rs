@@ -192,7 +192,7 @@ fn compile_tiering(
 
 /// What a limit is keyed by: its sources in order (`global` is none), each one that needs a
 /// verified token only where `[auth.jwt]` is configured.
-fn compile_key_sources(
+pub(super) fn compile_key_sources(
     raw_key: &Spanned<RawKey>,
     key: &str,
     jwt_configured: bool,
@@ -225,7 +225,7 @@ fn compile_key_sources(
 
 /// The client networks a limit exempts, and how it groups addresses (its own prefixes, else
 /// `[client_ip]`'s).
-fn compile_networks(
+pub(super) fn compile_networks(
     exempt: Option<&Spanned<Vec<String>>>,
     (ipv4_prefix, ipv6_prefix): (Option<&Spanned<i64>>, Option<&Spanned<i64>>),
     key: &str,

@@ -58,6 +58,7 @@ pub(super) fn compile_route(
         reads_body,
         reads_token,
         reads_origin,
+        scan_bans: false,
     })
 }
 

@@ -9,14 +9,14 @@ use super::RedisStore;
 use crate::limit::StoreError;
 
 /// Sets a field and counts the change.
-const PUT: &str = r"
+pub(super) const PUT: &str = r"
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return redis.call('INCR', KEYS[2])
 ";
 
 /// Deletes a field (only if it still holds ARGV[2], when given) and counts the change; 1 if
 /// there was one.
-const DELETE: &str = r"
+pub(super) const DELETE: &str = r"
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   return 0
 end
@@ -26,7 +26,7 @@ return deleted
 ";
 
 /// The version and every field, read in one step.
-const READ_ALL: &str = r"
+pub(super) const READ_ALL: &str = r"
 return { redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1]) }
 ";
 
@@ -35,7 +35,12 @@ const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl RedisStore {
     fn overrides_keys(&self) -> (String, String) {
-        let hash = format!("{}{{overrides}}", self.prefix);
+        self.table_keys("overrides")
+    }
+
+    /// A table's hash and version keys, in one slot.
+    pub(super) fn table_keys(&self, table: &str) -> (String, String) {
+        let hash = format!("{}{{{table}}}", self.prefix);
         let version = format!("{hash}:version");
         (hash, version)
     }
@@ -45,7 +50,17 @@ impl RedisStore {
         script: &str,
         args: &[&str],
     ) -> Result<T, StoreError> {
-        let (hash, version) = self.overrides_keys();
+        self.table_script("overrides", script, args).await
+    }
+
+    /// One of this file's scripts on `table`'s hash and version.
+    pub(super) async fn table_script<T: redis::FromRedisValue + Send>(
+        &self,
+        table: &str,
+        script: &str,
+        args: &[&str],
+    ) -> Result<T, StoreError> {
+        let (hash, version) = self.table_keys(table);
         let mut command = redis::cmd("EVAL");
         command.arg(script).arg(2).arg(hash).arg(version);
         for arg in args {

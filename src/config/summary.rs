@@ -119,7 +119,7 @@ fn write_watching(out: &mut String, policy: &Policy) {
         ),
     };
     if let Some(scan) = &policy.scan {
-        let key: Vec<String> = scan.key.key.iter().map(crate::key::describe).collect();
+        let key: Vec<String> = scan.key.key.iter().map(describe_source).collect();
         let statuses: Vec<String> = scan.statuses.iter().map(u16::to_string).collect();
         let then = match scan.ban {
             Some(ban) => format!(

@@ -35,6 +35,9 @@ pub struct SpaceSaving<K> {
     heap: Vec<u32>,
     place: Vec<u32>,
     total: f64,
+    /// The entry counted last: the same key again (a heavy hitter's next request) is found
+    /// by one comparison instead of a hash and a probe.
+    last: u32,
 }
 
 impl<K: Hash + Eq + Clone> SpaceSaving<K> {
@@ -46,6 +49,7 @@ impl<K: Hash + Eq + Clone> SpaceSaving<K> {
             heap: Vec::new(),
             place: Vec::new(),
             total: 0.0,
+            last: 0,
         }
     }
 
@@ -60,11 +64,17 @@ impl<K: Hash + Eq + Clone> SpaceSaving<K> {
             return;
         }
         self.total += weight;
-        if let Some(&entry) = self.index.get(key) {
+        let found = match self.entries.get(self.last as usize) {
+            Some(entry) if entry.key == *key => Some(self.last),
+            _ => self.index.get(key).copied(),
+        };
+        if let Some(entry) = found {
+            self.last = entry;
             self.entries[entry as usize].count += weight;
             self.sift_down(self.place[entry as usize] as usize);
         } else if self.entries.len() < self.capacity {
             let entry = self.entries.len() as u32;
+            self.last = entry;
             self.entries.push(Entry {
                 key: key.clone(),
                 count: weight,
@@ -76,6 +86,7 @@ impl<K: Hash + Eq + Clone> SpaceSaving<K> {
             self.sift_up(self.heap.len() - 1);
         } else {
             let entry = self.heap[0];
+            self.last = entry;
             let smallest = &mut self.entries[entry as usize];
             self.index.remove(&smallest.key);
             self.index.insert(key.clone(), entry);

@@ -8,6 +8,7 @@ mod overrides;
 mod scans;
 mod top;
 pub mod top_command;
+mod ui;
 
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
@@ -148,6 +149,7 @@ async fn answer(shared: &Shared, request: Request<Incoming>, peer: IpAddr) -> Re
             shared.metrics.render(),
         ),
         "/healthz" => respond::full(StatusCode::OK, "text/plain", "ok\n"),
+        "/ui" | "/ui/" => ui::page(),
         "/readyz" => {
             if shared.shutting_down.load(Ordering::Relaxed) {
                 respond::full(

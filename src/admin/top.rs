@@ -179,25 +179,33 @@ fn number(value: f64) -> Value {
 }
 
 fn routes(shared: &Shared, pairs: &[(String, String)]) -> http::Response<Body> {
-    let mut window = Window::OneMinute;
+    let (mut window, mut with_series) = (Window::OneMinute, false);
     for (name, value) in pairs {
-        match name.as_str() {
-            "window" => match parse_window(value) {
+        match (name.as_str(), value.as_str()) {
+            ("window", _) => match parse_window(value) {
                 Ok(parsed) => window = parsed,
                 Err(error) => return respond::bad_request(&error),
             },
+            ("series", "true") => with_series = true,
+            ("series", "false") => with_series = false,
+            ("series", _) => return respond::bad_request("series: true or false"),
             _ => {
-                return respond::bad_request(&format!(
-                    "{name}: not a parameter of /top/routes (window)"
-                ))
+                let detail = format!("{name}: not a parameter of /top/routes (window, series)");
+                return respond::bad_request(&detail);
             }
         }
     }
-    let counts = (shared.route_history).window(window, &shared.metrics.route_outcomes());
+    let now = shared.metrics.route_outcomes();
+    let counts = shared.route_history.window(window, &now);
+    let mut series = with_series.then(|| shared.route_history.series(&now));
     let routes: Vec<Value> = (counts.into_iter())
         .map(|(route, outcomes)| {
             let requests: u64 = outcomes.values().sum();
-            json!({"route": route, "requests": requests, "outcomes": outcomes})
+            let mut answer = json!({"route": route, "requests": requests, "outcomes": outcomes});
+            if let Some(series) = &mut series {
+                answer["series"] = json!(series.remove(&route).unwrap_or_default());
+            }
+            answer
         })
         .collect();
     let body = json!({"window_seconds": window.seconds(), "routes": routes});

@@ -55,6 +55,31 @@ impl RouteHistory {
     }
 }
 
+impl RouteHistory {
+    /// Each route's requests by outcome in every ten-second slot of the last 15 minutes,
+    /// oldest first, the slot being counted (up to `now`) last: what a chart draws.
+    pub fn series(&self, now: &RouteCounts) -> BTreeMap<String, BTreeMap<String, Vec<u64>>> {
+        let snapshots = self.snapshots.lock();
+        let points: Vec<&RouteCounts> = snapshots.iter().chain([now]).collect();
+        let mut series: BTreeMap<String, BTreeMap<String, Vec<u64>>> = BTreeMap::new();
+        for (route, outcomes) in now {
+            for outcome in outcomes.keys() {
+                let value = |counts: &RouteCounts| {
+                    (counts.get(route).and_then(|o| o.get(outcome)).copied()).unwrap_or(0)
+                };
+                let slots = (points.windows(2))
+                    .map(|pair| value(pair[1]).saturating_sub(value(pair[0])))
+                    .collect();
+                series
+                    .entry(route.clone())
+                    .or_default()
+                    .insert(outcome.clone(), slots);
+            }
+        }
+        series
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,6 +105,16 @@ mod tests {
         // A process younger than the window counts since its start.
         let fifteen = history.window(Window::FifteenMinutes, &now);
         assert_eq!(fifteen["login"]["allowed"], 125);
+    }
+
+    #[test]
+    fn the_series_has_each_slots_requests_and_the_one_being_counted() {
+        let history = RouteHistory::default();
+        history.close_slot(counts(10, 1));
+        history.close_slot(counts(15, 1));
+        let series = history.series(&counts(18, 3));
+        assert_eq!(series["login"]["allowed"], [10, 5, 3]);
+        assert_eq!(series["login"]["limited"], [1, 0, 2]);
     }
 
     #[test]

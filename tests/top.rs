@@ -267,3 +267,41 @@ async fn the_fleets_counts_are_added_across_replicas() {
         "{answer}"
     );
 }
+
+/// A concurrency limit's refusals are counted too: one request held, the next refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_limits_refusals_are_listed() {
+    let upstream = start_upstream().await;
+    upstream
+        .delay_ms
+        .store(3000, std::sync::atomic::Ordering::SeqCst);
+    let policy = format!(
+        "{POLICY}\n[limits.one_at_a_time]\nkey = \"client_network\"\nipv4_prefix = 24\nconcurrency = 1\n\n[[routes]]\nname = \"held\"\npath = \"/delayed\"\nupstream = \"app\"\nlimits = [\"one_at_a_time\"]\n"
+    );
+    let gateway = start_gateway(&policy, upstream.address).await;
+    let client = HttpClient::new(gateway.addresses[0]);
+    let held = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .get("/delayed", &[("x-forwarded-for", "10.0.7.7")])
+                .await
+        })
+    };
+    // Once the first is upstream, holding the network's slot, the second is refused.
+    let hits = upstream.hits.clone();
+    eventually("the first request reaches the upstream", || {
+        hits.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    let second = client
+        .get("/delayed", &[("x-forwarded-for", "10.0.7.8")])
+        .await;
+    assert_eq!(second.status, 429);
+    let answer = HttpClient::new(gateway.admin_address)
+        .get("/top?limit=one_at_a_time", &[])
+        .await
+        .json();
+    assert_eq!(keys(&answer)[0].0, "v4:10.0.7.0/24", "{answer}");
+    assert_eq!(held.await.unwrap().status, 200);
+}

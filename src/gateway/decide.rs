@@ -119,7 +119,8 @@ impl Gateway {
         let (decision, decided, decider) = match decision {
             Ok((decision, leased)) => {
                 if let Some(leases) = leases {
-                    held = slots::settle_leases(leases, leased, slot_requests, reports);
+                    let top = &self.shared.metrics.top;
+                    held = slots::settle_leases(leases, leased, slot_requests, reports, top);
                 }
                 (decision, None, Decider::Store)
             }

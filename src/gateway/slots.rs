@@ -11,6 +11,7 @@ use crate::limit::Held;
 use crate::reject::{LimitReport, Reject, Reports};
 use crate::runtime::AppliedLimit;
 use crate::shared::Shared;
+use crate::top::{Share, TopKeys};
 
 /// A request's slot requests, each with its route limit.
 pub(crate) type SlotRequests<'r> = Applied<'r, SlotRequest>;
@@ -37,11 +38,13 @@ fn report<'r>(
     }
 }
 
-/// Reports the slots taken, or the limit that had none free (and counts its refusal).
+/// Reports the slots taken, or the limit that had none free (and counts its refusal, in its
+/// metrics and its top keys).
 fn settle<'r>(
     requests: &SlotRequests<'r>,
     taken: Result<&[u32], usize>,
     reports: &mut Reports<'r>,
+    top: &TopKeys,
 ) {
     match taken {
         Ok(free) => {
@@ -52,6 +55,15 @@ fn settle<'r>(
         Err(index) => {
             if let Some((limit, request)) = requests.iter().nth(index) {
                 limit.metrics.limited.inc();
+                if let Some(id) = limit.metrics.top {
+                    let key = &request.key.parts;
+                    top.record(&[Share {
+                        id,
+                        key,
+                        charged: 0.0,
+                        refused: true,
+                    }]);
+                }
                 reports.push(report(limit, request, 0, true));
             }
         }
@@ -70,11 +82,11 @@ pub(crate) fn take_local<'r>(
     }
     match shared.slots.acquire(requests.requests()) {
         Ok((held, free)) => {
-            settle(requests, Ok(&free), reports);
+            settle(requests, Ok(&free), reports, &shared.metrics.top);
             Ok(Some(Held::Local(held)))
         }
         Err(refused) => {
-            settle(requests, Err(refused.index), reports);
+            settle(requests, Err(refused.index), reports, &shared.metrics.top);
             Err(Reject::Limited)
         }
     }
@@ -87,16 +99,17 @@ pub(crate) fn settle_leases<'r>(
     leased: Leased,
     requests: &SlotRequests<'r>,
     reports: &mut Reports<'r>,
+    top: &TopKeys,
 ) -> Option<Held> {
     match leased {
         Leased::Taken(free) => {
-            settle(requests, Ok(&free), reports);
+            settle(requests, Ok(&free), reports, top);
             Some(Held::Leases(pending.taken(requests.requests())))
         }
         Leased::NotTaken(refusing) => {
             pending.none_taken();
             if let Some(index) = refusing {
-                settle(requests, Err(index), reports);
+                settle(requests, Err(index), reports, top);
             }
             None
         }

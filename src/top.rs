@@ -155,7 +155,9 @@ impl TopKeys {
             if share.refused {
                 refused.add(share.key, 1.0);
             }
-            charged.add(share.key, share.charged);
+            if share.charged > 0.0 {
+                charged.add(share.key, share.charged);
+            }
         }
     }
 

@@ -58,17 +58,31 @@ impl<K: Hash + Eq + Clone> SpaceSaving<K> {
     }
 
     /// Counts `weight` more for `key`.
+    #[inline]
     pub fn add(&mut self, key: &K, weight: f64) {
         // NaN too is no weight.
-        if weight.is_nan() || weight <= 0.0 || self.capacity == 0 {
+        if weight.is_nan() || weight <= 0.0 {
+            return;
+        }
+        let last = self.last as usize;
+        match self.entries.get_mut(last) {
+            Some(entry) if entry.key == *key => {
+                self.total += weight;
+                entry.count += weight;
+                self.sift_down(self.place[last] as usize);
+            }
+            _ => self.add_found(key, weight),
+        }
+    }
+
+    /// [`SpaceSaving::add`] of a key other than the last one counted.
+    #[inline(never)]
+    fn add_found(&mut self, key: &K, weight: f64) {
+        if self.capacity == 0 {
             return;
         }
         self.total += weight;
-        let found = match self.entries.get(self.last as usize) {
-            Some(entry) if entry.key == *key => Some(self.last),
-            _ => self.index.get(key).copied(),
-        };
-        if let Some(entry) = found {
+        if let Some(&entry) = self.index.get(key) {
             self.last = entry;
             self.entries[entry as usize].count += weight;
             self.sift_down(self.place[entry as usize] as usize);

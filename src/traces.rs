@@ -114,7 +114,6 @@ impl Traces {
             trace_id,
             span_id,
             sampled,
-            stale_tracestate: tracestate.is_none() && caller_state.is_some(),
             tracestate,
             recorded,
         }
@@ -134,11 +133,9 @@ pub(crate) struct RequestTrace {
     /// The SERVER span's id.
     span_id: [u8; 8],
     sampled: bool,
-    /// The caller's `tracestate`, passed on with a valid `traceparent`.
+    /// The caller's `tracestate`, passed on with a valid `traceparent` (without one, the
+    /// caller's is not passed on).
     tracestate: Option<HeaderValue>,
-    /// The request came with a `tracestate` that is not passed on (its `traceparent` was
-    /// missing or malformed): the forwarded request must lose it.
-    stale_tracestate: bool,
     /// Boxed: most requests are not sampled, and the request's state is moved about.
     recorded: Option<Box<(Context, Tracer)>>,
 }
@@ -161,14 +158,17 @@ impl RequestTrace {
         context::hex(&self.trace_id)
     }
 
-    /// The CLIENT span of the forward (sampled traces only), and the context written into the
-    /// upstream request's fields (`traceparent`, `tracestate`) either way, replacing the
-    /// client's.
+    /// The CLIENT span of the forward (sampled traces only), and the context the upstream
+    /// request carries either way (`traceparent`, and `tracestate`), in place of the client's:
+    /// written by the forward with the other fields it sets (`upstream::Forwarding`).
     pub(crate) fn upstream(
         &self,
         target: Option<&http::Uri>,
-        fields: &mut HeaderMap,
-    ) -> Option<ChildSpan> {
+    ) -> (
+        Option<ChildSpan>,
+        [u8; context::LENGTH],
+        Option<&HeaderValue>,
+    ) {
         let child = self.recorded.as_deref().map(|(server, tracer)| {
             let mut builder = tracer.span_builder("upstream").with_kind(SpanKind::Client);
             if let Some(target) = target {
@@ -192,15 +192,7 @@ impl RequestTrace {
             parent_id,
             sampled: self.sampled,
         };
-        if let Ok(value) = HeaderValue::from_bytes(&traceparent.render()) {
-            fields.insert(TRACEPARENT, value);
-        }
-        if let Some(state) = &self.tracestate {
-            fields.insert(TRACESTATE, state.clone());
-        } else if self.stale_tracestate {
-            fields.remove(TRACESTATE);
-        }
-        child
+        (child, traceparent.render(), self.tracestate.as_ref())
     }
 
     /// An INTERNAL span of one store call (sampled traces only).

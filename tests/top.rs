@@ -195,15 +195,28 @@ async fn heavy_networks_are_listed_with_their_counts_within_the_error() {
     // `tollgate top` on a terminal: drawn, and gone on `q`.
     let screen = tokio::process::Command::new("python3")
         .arg(crate_root().join("tests/fixtures/tty_driver.py"))
-        .args(["strict by refused", "q", env!("CARGO_BIN_EXE_tollgate"), "top", "--admin"])
+        .args([
+            "strict by refused",
+            "q",
+            env!("CARGO_BIN_EXE_tollgate"),
+            "top",
+            "--admin",
+        ])
         .arg(format!("http://{}", gateway.admin_address))
         .env_remove("TOLLGATE_CONFIG")
         .output()
         .await
         .unwrap();
     let shown = String::from_utf8_lossy(&screen.stdout);
-    assert!(screen.status.success(), "{shown} {}", String::from_utf8_lossy(&screen.stderr));
-    assert!(shown.contains("(q quits)") && shown.contains("strict by refused"), "{shown}");
+    assert!(
+        screen.status.success(),
+        "{shown} {}",
+        String::from_utf8_lossy(&screen.stderr)
+    );
+    assert!(
+        shown.contains("(q quits)") && shown.contains("strict by refused"),
+        "{shown}"
+    );
     assert!(shown.contains("v4:10.0.1.0/24"), "{shown}");
 }
 

@@ -41,15 +41,12 @@ impl Gateway {
         let real_ip = clean_fields(routed, &mut parts, exchange.client);
         let route = routed.route;
         // Its context goes upstream in `traceparent`, sampled or not.
-        let upstream_span = exchange.trace.as_ref().and_then(|trace| {
-            let target = route
-                .upstream
-                .settings
-                .targets
-                .first()
-                .map(|target| &target.url);
-            trace.upstream(target, &mut parts.headers)
-        });
+        let target = (route.upstream.settings.targets.first()).map(|target| &target.url);
+        let traced = exchange.trace.as_ref().map(|trace| trace.upstream(target));
+        let (upstream_span, context) = match traced {
+            Some((span, traceparent, tracestate)) => (span, Some((traceparent, tracestate))),
+            None => (None, None),
+        };
         let forwarding = upstream::Forwarding::new(
             scan.forwarded_for(&parts.headers),
             &exchange.request_id,
@@ -58,6 +55,10 @@ impl Gateway {
             routed.host.as_ref(),
             real_ip,
         );
+        let forwarding = match &context {
+            Some((traceparent, tracestate)) => forwarding.with_trace(traceparent, *tracestate),
+            None => forwarding,
+        };
         let sent = clock::instant();
         let watching_load = routed.runtime.policy.overload.is_some();
         let in_flight = watching_load.then(|| self.shared.load.start_request());

@@ -14,7 +14,7 @@ pub(crate) struct TraceParent {
 }
 
 /// `traceparent`'s length in version 00.
-const LENGTH: usize = 55;
+pub(crate) const LENGTH: usize = 55;
 
 impl TraceParent {
     /// Reads a `traceparent` value; `None` when it is malformed (a new trace starts then).

@@ -1,6 +1,7 @@
 //! The fields the gateway writes on every forwarded request: `X-Request-Id`, `Host` and
 //! `X-Forwarded-Host`, `X-Forwarded-For` (the client's chain with the peer appended),
-//! `X-Forwarded-Proto`.
+//! `X-Forwarded-Proto`; and with `[tracing]`, the trace context (`traceparent`,
+//! `tracestate`).
 
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -37,6 +38,9 @@ pub struct Forwarding<'a> {
     proto: &'static str,
     /// `X-Real-IP`: the resolved client (`[client_ip] x_real_ip`).
     real_ip: Option<Cow<'a, HeaderValue>>,
+    /// With `[tracing]`: `traceparent`, and the caller's `tracestate` passed on (the client's
+    /// own fields give way to these either way).
+    trace: Option<(&'a [u8], Option<&'a HeaderValue>)>,
 }
 
 // The names as statics, so that `Forwarding::fields` can hand out references to them.
@@ -45,6 +49,8 @@ static FORWARDED_HOST: HeaderName = X_FORWARDED_HOST;
 static FORWARDED_FOR: HeaderName = X_FORWARDED_FOR;
 static FORWARDED_PROTO: HeaderName = X_FORWARDED_PROTO;
 static REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 impl<'a> Forwarding<'a> {
     /// `peer` is the TCP peer's address as a header value (rendered once per connection);
@@ -78,6 +84,16 @@ impl<'a> Forwarding<'a> {
             forwarded_for,
             proto,
             real_ip,
+            trace: None,
+        }
+    }
+
+    /// The same fields, and the trace context: `traceparent` (its value's bytes) and the
+    /// `tracestate` passed on, if any.
+    pub fn with_trace(self, traceparent: &'a [u8], tracestate: Option<&'a HeaderValue>) -> Self {
+        Forwarding {
+            trace: Some((traceparent, tracestate)),
+            ..self
         }
     }
 
@@ -93,6 +109,7 @@ impl<'a> Forwarding<'a> {
             || (self.forwarded_for.is_some() && *name == X_FORWARDED_FOR)
             || (self.host.is_some() && (*name == header::HOST || *name == X_FORWARDED_HOST))
             || (self.real_ip.is_some() && *name == REAL_IP)
+            || (self.trace.is_some() && (*name == TRACEPARENT || *name == TRACESTATE))
     }
 
     /// The fields as `(name, value)` pairs, in the order they are written.
@@ -106,6 +123,10 @@ impl<'a> Forwarding<'a> {
             .iter()
             .map(|value| (&FORWARDED_FOR, value.as_ref()));
         let real_ip = self.real_ip.iter().map(|value| (&REAL_IP, value.as_ref()));
+        let tracestate = self.trace.and_then(|(_, state)| state);
+        let trace = (self.trace.iter())
+            .map(|(traceparent, _)| (&TRACEPARENT, *traceparent))
+            .chain(tracestate.map(|state| (&TRACESTATE, state.as_bytes())));
         host.chain(forwarded_for)
             .chain(real_ip)
             .map(|(name, value)| (name, value.as_bytes()))
@@ -113,10 +134,15 @@ impl<'a> Forwarding<'a> {
                 (&FORWARDED_PROTO, self.proto.as_bytes()),
                 (&REQUEST_ID_NAME, self.request_id.as_bytes()),
             ])
+            .chain(trace)
     }
 
     /// Puts the fields into `headers`, replacing the client's.
     pub fn apply(self, headers: &mut HeaderMap) {
+        if self.trace.is_some() {
+            // A `tracestate` of the client's that is not passed on is dropped.
+            headers.remove(&TRACESTATE);
+        }
         for (name, value) in self.fields() {
             // Every value is a header value's bytes or the request id's visible ASCII.
             if let Ok(value) = HeaderValue::from_bytes(value) {
@@ -172,6 +198,40 @@ mod tests {
         from_map.sort();
         written.sort();
         assert_eq!(written, from_map);
+    }
+
+    #[test]
+    fn the_trace_context_replaces_the_clients_written_or_applied() {
+        let mut headers = HeaderMap::new();
+        headers.append(&TRACEPARENT, "00-bad".parse().unwrap());
+        headers.append(&TRACESTATE, "client=stale".parse().unwrap());
+        let request_id = RequestId::Client(HeaderValue::from_static("r-1"));
+        let peer = HeaderValue::from_static("10.0.0.1");
+        let traceparent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let passed_on = HeaderValue::from_static("vendor=kept");
+        for tracestate in [None, Some(&passed_on)] {
+            let forwarding =
+                Forwarding::new(std::iter::empty(), &request_id, &peer, "http", None, None)
+                    .with_trace(traceparent, tracestate);
+            assert!(forwarding.replaces(&TRACEPARENT) && forwarding.replaces(&TRACESTATE));
+            let written: Vec<(String, Vec<u8>)> = (forwarding.fields())
+                .filter(|(name, _)| name.as_str().starts_with("trace"))
+                .map(|(name, value)| (name.to_string(), value.to_vec()))
+                .collect();
+            let mut applied = headers.clone();
+            forwarding.apply(&mut applied);
+            let from_map: Vec<(String, Vec<u8>)> = (applied.iter())
+                .filter(|(name, _)| name.as_str().starts_with("trace"))
+                .map(|(name, value)| (name.to_string(), value.as_bytes().to_vec()))
+                .collect();
+            assert_eq!(written, from_map);
+            assert_eq!(applied[&TRACEPARENT], &traceparent[..]);
+            assert_eq!(
+                applied.get(&TRACESTATE),
+                tracestate,
+                "the client's never stays"
+            );
+        }
     }
 
     #[test]

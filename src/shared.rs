@@ -175,8 +175,13 @@ impl Shared {
     /// keep theirs). What only a restart changes is logged, not applied.
     pub(crate) fn swap_policy(&self, policy: Policy) -> Result<(), ReloadError> {
         let tls = tls_listener(&policy, self.acme.clone()).map_err(ReloadError::Tls)?;
+        // Set before the runtime resolves its limits' top ids; a reload refused keeps the old.
+        let top_capacity = self.metrics.top.capacity();
         self.metrics.top.set_capacity(policy.top.keys_per_limit);
-        let runtime = Runtime::new(policy, &self.metrics).map_err(ReloadError::Upstream)?;
+        let runtime = Runtime::new(policy, &self.metrics).map_err(|error| {
+            self.metrics.top.set_capacity(top_capacity);
+            ReloadError::Upstream(error)
+        })?;
         let current = self.runtime.load();
         let (old, new) = (&current.policy, &runtime.policy);
         let decision_listen = |policy: &Policy| policy.decision.as_ref().map(|d| d.listen);

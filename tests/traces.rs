@@ -448,3 +448,58 @@ async fn a_collector_that_never_answers_costs_dropped_spans_not_memory_or_time()
     );
     assert!(dropped >= 1.0, "the queue is bounded: {dropped}");
 }
+
+/// SIGTERM sends what is queued before the process exits: spans still waiting for their
+/// batch (sent every 5 s) reach the collector, though the process is gone right after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_sends_the_queued_spans_before_the_process_exits() {
+    let receiver = Receiver::start();
+    let upstream = start_upstream().await;
+    let (listen, admin) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tollgate.toml");
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = \"http://127.0.0.1:{}\"\nsample_ratio = 1.0\n",
+        receiver.grpc
+    );
+    let text = format!(
+        "[server]\nlisten = [\"127.0.0.1:{listen}\"]\ngrace_period = \"10s\"\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n{}",
+        policy(&tracing).replace("{upstream}", &upstream.address.to_string())
+    );
+    std::fs::write(&file, text).unwrap();
+    let mut gateway = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["run", "--config", file.to_str().unwrap()])
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], listen));
+    eventually("the gateway listens", || {
+        std::net::TcpStream::connect(address).is_ok()
+    })
+    .await;
+    let client = HttpClient::new(address);
+    for path in ["/one", "/two", "/three"] {
+        assert_eq!(client.get(path, &[]).await.status, 200);
+    }
+    drop(client);
+    let terminated = Command::new("kill")
+        .args(["-TERM", &gateway.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(terminated.success());
+    let exited = tokio::task::spawn_blocking(move || gateway.wait())
+        .await
+        .unwrap();
+    assert!(exited.unwrap().success(), "a clean exit");
+    // Three SERVER spans and their upstream children, all sent before the exit.
+    let spans = receiver.spans(6).await;
+    let paths: Vec<&str> = named(&spans, "GET all")
+        .iter()
+        .filter_map(|span| span["attributes"]["url.path"].as_str())
+        .collect();
+    for path in ["/one", "/two", "/three"] {
+        assert!(paths.contains(&path), "{path}: {paths:?}");
+    }
+}

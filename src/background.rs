@@ -64,13 +64,33 @@ pub(crate) fn spawn_top_slots(shared: Weak<Shared>) {
     });
 }
 
+/// A periodic call's failures, logged once per streak of them (the store's own errors say the
+/// rest).
+#[derive(Default)]
+struct FailureStreak {
+    failing: bool,
+}
+
+impl FailureStreak {
+    fn log<E: std::fmt::Display>(&mut self, result: Result<(), E>, what: &str) {
+        match result {
+            Ok(()) => self.failing = false,
+            Err(error) if !self.failing => {
+                self.failing = true;
+                tracing::warn!(%error, "{what}");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 /// With Redis, sends this replica's top keys to the fleet every second (while `[top]` is on
 /// and something was counted).
 pub(crate) fn spawn_top_sender(shared: Weak<Shared>) {
     use crate::top::fleet::VIEW_TTL_MS;
     tokio::spawn(async move {
         let mut interval = tokio::time::interval(Duration::from_secs(1));
-        let mut failing = false;
+        let mut failures = FailureStreak::default();
         loop {
             interval.tick().await;
             let Some(shared) = shared.upgrade() else {
@@ -90,15 +110,7 @@ pub(crate) fn spawn_top_sender(shared: Weak<Shared>) {
             }
             let text = serde_json::to_string(&view).unwrap_or_default();
             let sent = redis.send_top(top.replica(), &text, VIEW_TTL_MS).await;
-            match sent {
-                Ok(()) => failing = false,
-                // Logged once per failure streak: the store's own errors say the rest.
-                Err(error) if !failing => {
-                    failing = true;
-                    tracing::warn!(%error, "top keys not sent to the fleet");
-                }
-                Err(_) => {}
-            }
+            failures.log(sent, "top keys not sent to the fleet");
         }
     });
 }
@@ -108,7 +120,7 @@ pub(crate) fn spawn_top_sender(shared: Weak<Shared>) {
 pub(crate) fn spawn_scans_follower(shared: Weak<Shared>) {
     tokio::spawn(async move {
         let mut interval = tokio::time::interval(Duration::from_secs(1));
-        let mut failing = false;
+        let mut failures = FailureStreak::default();
         loop {
             interval.tick().await;
             let Some(shared) = shared.upgrade() else {
@@ -118,14 +130,11 @@ pub(crate) fn spawn_scans_follower(shared: Weak<Shared>) {
             if runtime.policy.scan.is_none() {
                 continue;
             }
-            match shared.scans.refresh(runtime.policy.scan.as_deref()).await {
-                Ok(()) => failing = false,
-                Err(error) if !failing => {
-                    failing = true;
-                    tracing::warn!(%error, "scans not read from the store: bans of other replicas wait");
-                }
-                Err(_) => {}
-            }
+            let refreshed = shared.scans.refresh(runtime.policy.scan.as_deref()).await;
+            failures.log(
+                refreshed,
+                "scans not read from the store: bans of other replicas wait",
+            );
         }
     });
 }

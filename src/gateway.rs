@@ -28,6 +28,7 @@ mod finish;
 mod forward;
 mod plain_listener;
 mod read_body;
+mod scans;
 mod settle;
 pub(crate) mod slots;
 
@@ -50,7 +51,7 @@ use self::read_body::read_body;
 use self::settle::Settlement;
 use self::slots::SlotRequests;
 use crate::body::Body;
-use crate::config::{Limit, ScanSettings};
+use crate::config::Limit;
 use crate::connection::{Answering, Connection, RequestBody};
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
@@ -457,41 +458,6 @@ impl Gateway {
             self.shared.trust_warning(warning);
         }
         Ok(resolved.client)
-    }
-
-    /// The request's `[scan]` key (none when it lacks it or is exempt), or its refusal while
-    /// the key is banned.
-    fn scan_key(
-        &self,
-        scan: &ScanSettings,
-        facts: &RequestFacts<'_>,
-    ) -> Result<Option<KeyParts>, Reject> {
-        let Ok(Some(key)) = key::extract(&scan.key, facts, &self.shared.hasher) else {
-            return Ok(None);
-        };
-        if let Some((until_unix, left)) = self.shared.scans.banned_until(&key) {
-            return Err(Reject::ScanBanned {
-                retry_after: left.max(1),
-                until_unix,
-            });
-        }
-        Ok(Some(key))
-    }
-
-    /// Counts an answered path toward a scan of the request's key when its status is listed.
-    async fn count_scan(
-        &self,
-        routed: &Routed<'_>,
-        key: Option<&KeyParts>,
-        path: &str,
-        status: u16,
-    ) {
-        let (Some(scan), Some(key)) = (&routed.runtime.policy.scan, key) else {
-            return;
-        };
-        if scan.statuses.contains(&status) {
-            self.shared.scans.answered(key, path, scan).await;
-        }
     }
 
     /// One bucket per limit of the route that applies to this request, and one slot request

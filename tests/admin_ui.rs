@@ -42,15 +42,7 @@ ban = "10m"
 /// The page as Chromium leaves it once its calls are answered (`--dump-dom` after the load
 /// and a budget of virtual time, which stands still while requests are pending).
 async fn rendered(url: &str) -> String {
-    let browser = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|name| {
-            std::process::Command::new(name)
-                .arg("--version")
-                .output()
-                .is_ok_and(|output| output.status.success())
-        })
-        .expect("no Chromium: scripts/test.sh installs it (apt-get install chromium)");
+    let browser = chromium_binary();
     let profile = tempfile::tempdir().unwrap();
     let output = tokio::process::Command::new(browser)
         .args([

@@ -108,15 +108,7 @@ fn python_ssl(port: u16) -> Command {
 }
 
 fn chromium(port: u16) -> Command {
-    let binary = ["chromium", "chromium-browser"]
-        .into_iter()
-        .find(|name| {
-            Command::new("sh")
-                .args(["-c", &format!("command -v {name}")])
-                .output()
-                .is_ok_and(|output| output.status.success())
-        })
-        .expect("chromium (scripts/test.sh installs it)");
+    let binary = chromium_binary();
     let profile = std::env::temp_dir().join(format!("tollgate-ja4-chromium-{port}"));
     let mut command = Command::new(binary);
     command

@@ -587,6 +587,19 @@ pub fn crate_root() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The Chromium binary on PATH (scripts/test.sh installs Debian's `chromium` when missing).
+pub fn chromium_binary() -> &'static str {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|name| {
+            std::process::Command::new(name)
+                .arg("--version")
+                .output()
+                .is_ok_and(|output| output.status.success())
+        })
+        .expect("no Chromium: scripts/test.sh installs it (apt-get install chromium)")
+}
+
 /// The Python with the tests' PyPI packages (openai, mmdb-writer, ja4plus):
 /// `TOLLGATE_TEST_PYTHON`, or the virtual environment scripts/test.sh makes.
 pub fn test_python() -> std::path::PathBuf {

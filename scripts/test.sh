@@ -76,13 +76,14 @@ if ! python3 -c "import kubernetes_validate" 2>/dev/null; then
     || python3 -m pip install --quiet --break-system-packages kubernetes-validate
 fi
 # Python packages from PyPI, in a virtual environment of the tests' own: the official openai
-# client (settled costs), mmdb-writer (the geoip tests write their MaxMind DB files) and ja4plus
-# (the JA4 tests check tollgate's fingerprints against it).
+# client (settled costs), mmdb-writer (the geoip tests write their MaxMind DB files), ja4plus
+# (the JA4 tests check tollgate's fingerprints against it), grpcio with opentelemetry-proto (the
+# OTLP receiver of the trace tests) and aioquic (the HTTP/3 client).
 venv=target/test-python
-if ! "$venv/bin/python" -c "import openai, mmdb_writer, ja4plus, grpc, opentelemetry.proto" 2>/dev/null; then
-  echo "test: installing openai, mmdb-writer, ja4plus, grpcio and opentelemetry-proto from PyPI into $venv"
+if ! "$venv/bin/python" -c "import openai, mmdb_writer, ja4plus, grpc, opentelemetry.proto, aioquic" 2>/dev/null; then
+  echo "test: installing openai, mmdb-writer, ja4plus, grpcio, opentelemetry-proto and aioquic from PyPI into $venv"
   [[ -x "$venv/bin/python" ]] || { rm -rf "$venv" && python3 -m venv "$venv"; }
-  "$venv/bin/python" -m pip install --quiet openai mmdb-writer ja4plus grpcio opentelemetry-proto
+  "$venv/bin/python" -m pip install --quiet openai mmdb-writer ja4plus grpcio opentelemetry-proto aioquic
 fi
 echo "test: redis-server $(redis-server --version | grep -o 'v=[^ ]*'), $(promtool --version 2>&1 | head -1)"
 

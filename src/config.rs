@@ -23,7 +23,7 @@ use http::{Method, Uri};
 use ipnet::IpNet;
 
 pub use decision::{DecisionSettings, DescriptorEntry, DescriptorRule};
-pub use edge::{ConnectionLimits, NetworkRate, ProxyProtocol};
+pub use edge::{ConnectionLimits, Http3Settings, NetworkRate, ProxyProtocol};
 pub use raw::{
     Backend, HeaderMode, Http1Path, KeySource, Missing, Mode, Normalize, Reuse, StoreFailurePolicy,
 };
@@ -91,6 +91,8 @@ pub struct ServerSettings {
     pub connections: ConnectionLimits,
     /// Peers that must begin their connections with a PROXY header.
     pub proxy_protocol: Option<ProxyProtocol>,
+    /// `[server.http3]`: QUIC listeners beside the TLS ones.
+    pub http3: Option<Http3Settings>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

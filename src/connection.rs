@@ -1,5 +1,5 @@
-//! What a listener's answerer is handed: the connection a request came on, the request's body
-//! as the server reads it, and the one method every listener's answerer has
+//! What a listener's answerer is handed: the connection a request came on, the request (its
+//! body as `request_body.rs` says), and the one method every listener's answerer has
 //! ([`Answering`]): the proxy (`gateway.rs`) and the decision service (`decision.rs`).
 
 use std::future::Future;
@@ -9,21 +9,12 @@ use std::sync::{Arc, OnceLock};
 
 use http::header::HeaderValue;
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use crate::body::Body;
 use crate::geoip::{GeoIp, Origin};
+use crate::request_body::RequestBody;
 use crate::respond::SetFields;
 use crate::upstream;
-
-/// A client request's body as the server hands it over.
-#[derive(Debug)]
-pub(crate) enum RequestBody {
-    /// The request has no body (the server's own HTTP/1.1 path takes only such requests).
-    Empty,
-    /// A body read by hyper as the gateway consumes it.
-    Incoming(Incoming),
-}
 
 /// What the gateway knows of the connection a request came on.
 #[derive(Debug, Clone)]
@@ -39,6 +30,8 @@ pub(crate) struct Connection {
     pub(crate) proto: &'static str,
     /// The JA4 fingerprint of the connection's TLS ClientHello, when it was read.
     pub(crate) ja4: Option<Arc<str>>,
+    /// HTTP/3 over QUIC.
+    pub(crate) http3: bool,
     /// What `[geoip]` said of the connection's first client.
     origin: OnceLock<(usize, IpAddr, Origin)>,
 }
@@ -52,6 +45,7 @@ impl Connection {
             peer_header: OnceLock::new(),
             proto,
             ja4: None,
+            http3: false,
             origin: OnceLock::new(),
         }
     }

@@ -143,6 +143,17 @@ impl ConnectionGate {
         Ok(())
     }
 
+    /// Whether `source`'s network has no new connection left in its `per_network` bucket
+    /// now (nothing is charged): QUIC then asks the next one to prove its address first.
+    pub(crate) fn rate_exhausted(&self, limits: &ConnectionLimits, source: &Source) -> bool {
+        let Some(rate) = limits.per_network.filter(|_| !source.trusted) else {
+            return false;
+        };
+        let networks = self.networks.lock();
+        let state = networks.get(&source.network).and_then(|count| count.bucket);
+        bucket::tokens_at(state, &charge(rate), self.clock.now()) < 1.0
+    }
+
     /// Forgets networks with no open connection whose bucket has filled again: what a flood of
     /// new networks leaves behind is kept no longer than a bucket takes to refill.
     pub(crate) fn sweep(&self, limits: &ConnectionLimits) {
@@ -296,5 +307,34 @@ mod tests {
         clock.advance(Duration::from_secs(2));
         gate.sweep(&limits);
         assert_eq!(gate.networks_kept(), 0);
+    }
+
+    #[test]
+    fn an_exhausted_network_is_told_without_being_charged() {
+        let (gate, clock) = gate();
+        let limits = ConnectionLimits {
+            per_network: Some(NetworkRate {
+                capacity: 2.0,
+                rate: 1.0,
+            }),
+            ..ConnectionLimits::default()
+        };
+        let network = from("192.0.2.0/24");
+        for _ in 0..5 {
+            assert!(
+                !gate.rate_exhausted(&limits, &network),
+                "asking takes nothing"
+            );
+        }
+        let _open = [gate.admit(&limits, &network), gate.admit(&limits, &network)];
+        assert!(gate.rate_exhausted(&limits, &network));
+        let trusted = Source {
+            trusted: true,
+            ..from("192.0.2.0/24")
+        };
+        assert!(!gate.rate_exhausted(&limits, &trusted));
+        assert!(!gate.rate_exhausted(&ConnectionLimits::default(), &network));
+        clock.advance(Duration::from_secs(1));
+        assert!(!gate.rate_exhausted(&limits, &network));
     }
 }

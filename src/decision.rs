@@ -14,8 +14,9 @@ mod rls;
 use http::{Request, Response, StatusCode};
 
 use crate::body::Body;
-use crate::connection::{Answering, Connection, RequestBody};
+use crate::connection::{Answering, Connection};
 use crate::gateway::Gateway;
+use crate::request_body::RequestBody;
 use crate::respond::{self, SetFields};
 
 /// Answers the decision listener's requests; never forwards one.

@@ -52,7 +52,7 @@ use self::settle::Settlement;
 use self::slots::SlotRequests;
 use crate::body::Body;
 use crate::config::Limit;
-use crate::connection::{Answering, Connection, RequestBody};
+use crate::connection::{Answering, Connection};
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
@@ -60,6 +60,7 @@ use crate::limit::{clock, BucketRequest, KeyParts};
 use crate::metrics::Outcome;
 use crate::overrides::{Override, Table};
 use crate::reject::{LimitReport, Reject, Reports};
+use crate::request_body::RequestBody;
 use crate::request_id::{REQUEST_ID_NAME, X_REQUEST_ID};
 use crate::respond::{self, FieldValue, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
@@ -263,6 +264,7 @@ impl Gateway {
         let request_id = self.shared.request_ids.for_request(client_id);
         let mut exchange = Exchange::new(request.method().clone(), request_id);
         exchange.listener = S::LISTENER;
+        exchange.http3 = connection.http3;
         if let Some(traces) = &self.shared.traces {
             let method = request.method();
             exchange.trace =
@@ -311,6 +313,12 @@ impl Gateway {
                     .headers_mut()
                     .entry(http::header::STRICT_TRANSPORT_SECURITY)
                     .or_insert_with(|| hsts.clone());
+            }
+            if let Some(alt_svc) = self.shared.alt_svc.get().filter(|_| !connection.http3) {
+                // The gateway's own: an upstream cannot know which ports its clients reach.
+                response
+                    .headers_mut()
+                    .insert(http::header::ALT_SVC, alt_svc.clone());
             }
         }
         response.body_mut().in_flight().request = Some(in_flight);

@@ -34,6 +34,7 @@ mod policy_file;
 pub mod proxy_protocol;
 pub mod reject;
 pub mod replay;
+mod request_body;
 mod request_id;
 pub mod respond;
 pub mod route;
@@ -88,6 +89,8 @@ pub struct Tollgate {
     pub admin_address: SocketAddr,
     /// The bound decision listener's address, with `[decision]`.
     pub decision_address: Option<SocketAddr>,
+    /// `[server.http3]`'s bound UDP addresses.
+    pub http3_addresses: Vec<SocketAddr>,
     shared: Arc<Shared>,
     config_path: Option<PathBuf>,
     shutdown: watch::Sender<bool>,
@@ -145,6 +148,7 @@ impl Tollgate {
             addresses: bound.proxy,
             plain_addresses: bound.plain,
             decision_address: bound.decision,
+            http3_addresses: bound.http3,
             admin_address,
             grace_period: policy.server.grace_period,
             shared,

@@ -25,11 +25,12 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Http1Path, Policy, ServerSettings};
-use crate::connection::{Answering, Connection, RequestBody};
+use crate::connection::{Answering, Connection};
 use crate::decision::DecisionService;
 use crate::errors::StartError;
 use crate::gateway::Gateway;
 use crate::limit::clock;
+use crate::request_body::RequestBody;
 use crate::respond::SetFields;
 use crate::shared::Shared;
 use accepted::Accepted;
@@ -39,6 +40,7 @@ mod accepted;
 mod client_hello;
 mod edge;
 mod http1;
+mod http3;
 
 /// hyper's smallest read buffer.
 const MIN_BUFFER: usize = 8192;
@@ -72,6 +74,8 @@ pub(crate) struct Bound {
     /// `plain_listen`'s, beside TLS ones.
     pub(crate) plain: Vec<SocketAddr>,
     pub(crate) decision: Option<SocketAddr>,
+    /// `[server.http3]`'s, on UDP.
+    pub(crate) http3: Vec<SocketAddr>,
 }
 
 /// Binds the proxy listeners and, with `[decision]`, the decision listener, and serves each
@@ -116,11 +120,34 @@ pub(crate) async fn listen(
         );
         listeners.spawn(serving);
     }
+    let mut quic = Vec::new();
+    if let Some(settings) = &policy.server.http3 {
+        for address in &settings.listen {
+            let (endpoint, bound) = http3::bind(*address, shared, &policy.server, settings)?;
+            quic.push(bound);
+            if shared.alt_svc.get().is_none() {
+                let advertised = format!("h3=\":{}\"; ma=86400", bound.port());
+                let _ = shared
+                    .alt_svc
+                    .set(http::HeaderValue::from_str(&advertised).expect("a valid Alt-Svc"));
+            }
+            tracing::info!(address = %bound, "listening for HTTP/3 (QUIC)");
+            listeners.spawn(http3::serve(
+                endpoint,
+                shared.clone(),
+                gateway.clone(),
+                policy.server.clone(),
+                settings.clone(),
+                shutdown.clone(),
+            ));
+        }
+    }
     let Some(decision) = &policy.decision else {
         return Ok(Bound {
             proxy,
             plain,
             decision: None,
+            http3: quic,
         });
     };
     let (listener, bound) = bind(decision.listen).await?;
@@ -139,6 +166,7 @@ pub(crate) async fn listen(
         proxy,
         plain,
         decision: Some(bound),
+        http3: quic,
     })
 }
 

@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     pub(crate) acme: Option<Arc<Obtained>>,
     /// The first TLS listener's port, where `redirect_plain` sends plain requests.
     pub(crate) https_port: std::sync::OnceLock<u16>,
+    /// `Alt-Svc` for the TCP TLS listeners' responses, once an HTTP/3 listener is bound.
+    pub(crate) alt_svc: std::sync::OnceLock<http::HeaderValue>,
     /// Connections and upgraded streams: shutdown waits for them.
     pub(crate) tasks: TaskTracker,
     pub(crate) request_ids: RequestIds,
@@ -164,6 +166,7 @@ impl Shared {
             load: LoadMonitor::default(),
             tls: ArcSwapOption::from(tls.map(Arc::new)),
             https_port: std::sync::OnceLock::new(),
+            alt_svc: std::sync::OnceLock::new(),
             acme,
             traces,
             tasks: TaskTracker::new(),
@@ -186,6 +189,7 @@ impl Shared {
         let (old, new) = (&current.policy, &runtime.policy);
         let decision_listen = |policy: &Policy| policy.decision.as_ref().map(|d| d.listen);
         if old.server.listen != new.server.listen
+            || old.server.http3 != new.server.http3
             || old.admin != new.admin
             || decision_listen(old) != decision_listen(new)
         {

@@ -115,6 +115,20 @@ impl TlsListener {
             certificates,
         })
     }
+
+    /// The same certificates for QUIC: TLS 1.3 only, ALPN `h3`, and 0-RTT accepted when
+    /// `early_data` (QUIC allows no early-data size but none or unbounded).
+    pub fn quic_config(&self, early_data: bool) -> Result<ServerConfig, TlsError> {
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(TlsError::Protocol)?
+            .with_no_client_auth()
+            .with_cert_resolver(self.certificates.clone());
+        config.alpn_protocols = vec![b"h3".to_vec()];
+        config.ignore_client_order = true;
+        config.max_early_data_size = if early_data { u32::MAX } else { 0 };
+        Ok(config)
+    }
 }
 
 /// A listener's configuration serving one certificate chain (PEM) and its PKCS#8, RSA or EC

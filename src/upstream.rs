@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
-use hyper::body::Incoming;
 
 mod connection_pool;
 mod forwarding;
@@ -26,6 +25,7 @@ use watched_body::WatchedBody;
 use crate::body::Body;
 use crate::config::{Reuse, Upstream, UpstreamTarget};
 use crate::limit::clock;
+use crate::request_body::RequestBody;
 use crate::tls;
 use crate::wire::message::response_head_too_large;
 
@@ -71,8 +71,8 @@ pub enum UpstreamSetupError {
 
 /// A request body on its way upstream: streamed as it arrives, or already in memory (then it
 /// can be sent again to another address when the first refuses the connection).
-pub enum OutgoingBody {
-    Streamed(Incoming),
+pub(crate) enum OutgoingBody {
+    Streamed(RequestBody),
     Buffered(Bytes),
 }
 
@@ -187,7 +187,7 @@ impl UpstreamPool {
     /// Sends `request` with the fields of `forwarding` and waits for the response head, due
     /// within the upstream's timeout of `sent`. Its URI is the client's: what goes upstream is
     /// the target's base path, `path` (the normalized path) and the URI's query.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         request: http::request::Parts,
         forwarding: Forwarding<'_>,

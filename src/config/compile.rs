@@ -415,11 +415,13 @@ fn compile_listeners(
 ) -> (super::ServerSettings, super::AdminSettings) {
     let connections = edge::compile_connections(raw_server.connections.take(), errors);
     let proxy_protocol = edge::compile_proxy_protocol(raw_server.proxy_protocol.take(), errors);
-    let server = super::ServerSettings {
+    let http3 = raw_server.http3.take();
+    let mut server = super::ServerSettings {
         connections,
         proxy_protocol,
         ..server::compile_server(raw_server, base, errors)
     };
+    server.http3 = http3.and_then(|http3| edge::compile_http3(http3, &server, errors));
     let admin_span = raw_admin.listen.as_ref().map(toml::Spanned::span);
     let admin = server::compile_admin(raw_admin, errors);
     if let Some(public) = server

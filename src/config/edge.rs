@@ -1,5 +1,5 @@
 //! `[server.connections]` and `[server] proxy_protocol`, compiled: what a proxy listener checks
-//! of a connection before it reads a byte of its request.
+//! of a connection before it reads a byte of its request; and `[server.http3]`.
 
 use ipnet::IpNet;
 
@@ -40,4 +40,12 @@ impl ProxyProtocol {
     pub fn expected_from(&self, peer: std::net::IpAddr) -> bool {
         self.from.iter().any(|network| network.contains(&peer))
     }
+}
+
+/// `[server.http3]`: HTTP/3 over QUIC on UDP, with the TCP listeners' certificates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Http3Settings {
+    pub listen: Vec<std::net::SocketAddr>,
+    /// 0-RTT: requests in early data (only safe methods are forwarded).
+    pub early_data: bool,
 }

@@ -25,7 +25,7 @@ mod top;
 mod traces;
 
 pub use decision::{RawDecision, RawDescriptorEntry, RawDescriptorRule};
-pub use edge::{RawConnections, RawNetworkRate, RawProxyProtocol};
+pub use edge::{RawConnections, RawHttp3, RawNetworkRate, RawProxyProtocol};
 pub use limit::{RawBan, RawCarried, RawLimit, RawNumber, RawRefusal, RawTier, RawTierSource};
 pub use overrides::RawOverrides;
 pub use route_limit::{RawCost, RawReadCost, RawRouteLimit, RawSettle, RawSettleField};
@@ -125,6 +125,7 @@ pub struct RawServer {
     pub underscores_in_headers: Option<bool>,
     pub connections: Option<RawConnections>,
     pub proxy_protocol: Option<Spanned<RawProxyProtocol>>,
+    pub http3: Option<Spanned<RawHttp3>>,
 }
 
 /// Which rate-limit headers responses carry.

@@ -10,7 +10,7 @@ use http::{HeaderMap, Method, Request, Response, Uri};
 
 use crate::body::Body;
 use crate::client_ip::{self, AskedError};
-use crate::connection::{Connection, RequestBody};
+use crate::connection::Connection;
 use crate::gateway::access_log::{Exchange, Listener};
 use crate::gateway::checks::FieldScan;
 use crate::gateway::client_facts::client_facts;
@@ -18,6 +18,7 @@ use crate::gateway::slots::SlotRequests;
 use crate::gateway::{Gateway, Requested, Routed, Serving};
 use crate::metrics::{DecisionProtocol, Outcome};
 use crate::reject::{Cause, LimitReport, Reject, Reports};
+use crate::request_body::RequestBody;
 use crate::respond::{self, SetFields};
 use crate::runtime::{Runtime, ServedRoute};
 use crate::upstream::X_FORWARDED_FOR;

@@ -17,7 +17,6 @@ use prost::Message;
 use super::descriptors::{self, DescriptorError};
 use crate::body::Body;
 use crate::config::{HeaderMode, StoreFailurePolicy};
-use crate::connection::RequestBody;
 use crate::gateway::access_log::{Exchange, Listener};
 use crate::gateway::accounting::BucketAccount;
 use crate::gateway::{Buckets, Gateway, Requested};
@@ -25,6 +24,7 @@ use crate::grpc::{self, Code};
 use crate::in_flight::RequestInFlight;
 use crate::metrics::{DecisionProtocol, Outcome, RLS_ROUTE};
 use crate::reject::{Reject, Reports};
+use crate::request_body::RequestBody;
 use crate::respond::{self, SetFields};
 use crate::runtime::{AppliedLimit, DecisionRuntime, ServedRule};
 
@@ -316,14 +316,11 @@ async fn read_call(request: Request<RequestBody>) -> Result<RateLimitRequest, (C
             "ShouldRateLimit is a gRPC call: POST with content-type application/grpc".to_owned(),
         ));
     }
-    let body = match request.into_body() {
-        RequestBody::Incoming(body) => Limited::new(body, MAX_CALL_BYTES)
-            .collect()
-            .await
-            .map_err(|error| invalid(format!("the call could not be read: {error}")))?
-            .to_bytes(),
-        RequestBody::Empty => Bytes::new(),
-    };
+    let body = Limited::new(request.into_body(), MAX_CALL_BYTES)
+        .collect()
+        .await
+        .map_err(|error| invalid(format!("the call could not be read: {error}")))?
+        .to_bytes();
     let message = grpc::unary_message(&body).map_err(|error| match error {
         grpc::FrameError::Compressed => (Code::Unimplemented, error.to_string()),
         grpc::FrameError::Malformed => invalid(error.to_string()),

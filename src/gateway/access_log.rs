@@ -68,6 +68,8 @@ pub(crate) struct Exchange<'r> {
     pub(crate) listener: Listener,
     /// `grpc` for Envoy's rate limit service, else `http`.
     pub(crate) protocol: DecisionProtocol,
+    /// Came over HTTP/3: the line's `protocol` is `h3`.
+    pub(crate) http3: bool,
     /// Per settled limit, what the request reserved and what its response settled
     /// (`limit=tokens`), once the response has ended.
     pub(crate) reserved: Option<String>,
@@ -101,6 +103,7 @@ impl<'r> Exchange<'r> {
             admitted_as: None,
             listener: Listener::Proxy,
             protocol: DecisionProtocol::Http,
+            http3: false,
             reserved: None,
             settled: None,
             deferred: None,
@@ -179,6 +182,7 @@ impl<'r> Exchange<'r> {
             admitted_as: None,
             listener: self.listener,
             protocol: self.protocol,
+            http3: self.http3,
             reserved: self.reserved.take(),
             settled: self.settled.take(),
             deferred: None,
@@ -259,7 +263,7 @@ fn write(exchange: &Exchange<'_>, status: StatusCode) {
         upstream_ms,
         request_id = exchange.request_id.as_str(),
         listener = exchange.listener.as_str(),
-        protocol = exchange.protocol.as_str(),
+        protocol = if exchange.http3 { "h3" } else { exchange.protocol.as_str() },
         reserved = exchange.reserved.as_deref().unwrap_or(""),
         settled = exchange.settled.as_deref().unwrap_or(""),
         asn,

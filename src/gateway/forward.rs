@@ -121,7 +121,7 @@ fn clean_fields<'c>(
     client: Option<std::net::IpAddr>,
 ) -> Option<Cow<'c, http::HeaderValue>> {
     let (policy, connection) = (&routed.runtime.policy, routed.connection);
-    if parts.version == http::Version::HTTP_2 {
+    if matches!(parts.version, http::Version::HTTP_2 | http::Version::HTTP_3) {
         message::join_cookies(&mut parts.headers);
     }
     if !policy.server.underscores_in_headers {

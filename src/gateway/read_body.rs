@@ -5,7 +5,6 @@ use bytes::Bytes;
 use http::header;
 use http::HeaderMap;
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 
 use super::RequestBody;
 use crate::reject::Reject;
@@ -22,18 +21,16 @@ pub(super) async fn read_body(
 ) -> Result<OutgoingBody, Reject> {
     Ok(match body {
         RequestBody::Empty => OutgoingBody::Buffered(Bytes::new()),
-        RequestBody::Incoming(body) if route.route.reads_body => {
+        body if route.route.reads_body => {
             OutgoingBody::Buffered(Box::pin(buffer_body(headers, body, max)).await?)
         }
-        RequestBody::Incoming(body) if http_body::Body::is_end_stream(&body) => {
-            OutgoingBody::Buffered(Bytes::new())
-        }
-        RequestBody::Incoming(body) => OutgoingBody::Streamed(body),
+        body if http_body::Body::is_end_stream(&body) => OutgoingBody::Buffered(Bytes::new()),
+        body => OutgoingBody::Streamed(body),
     })
 }
 
 /// Reads the whole body, up to `max` bytes (413 beyond; 400 if the client breaks off).
-async fn buffer_body(headers: &HeaderMap, body: Incoming, max: usize) -> Result<Bytes, Reject> {
+async fn buffer_body(headers: &HeaderMap, body: RequestBody, max: usize) -> Result<Bytes, Reject> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())

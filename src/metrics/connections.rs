@@ -1,16 +1,19 @@
 //! The proxy listeners' connections: open now, and closed as they came, by the limit or check
 //! that closed them. Counted per connection, off the request path.
 
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use super::registered;
 use crate::connection_limits::Refusal;
 
-/// `tollgate_connections_open` and `tollgate_connections_refused_total`.
+/// `tollgate_connections_open`, `tollgate_connections_refused_total`, and
+/// `tollgate_quic_retries_total`.
 #[derive(Debug, Clone)]
 pub struct ConnectionMetrics {
     pub open: IntGauge,
     refused: IntCounterVec,
+    /// QUIC connections asked to prove their address with a Retry before any handshake.
+    pub quic_retries: IntCounter,
 }
 
 impl ConnectionMetrics {
@@ -31,9 +34,15 @@ impl ConnectionMetrics {
         for reason in Refusal::ALL {
             refused.with_label_values(&[reason.as_str()]);
         }
+        let quic_retries = IntCounter::new(
+            "tollgate_quic_retries_total",
+            "New QUIC connections answered with a Retry (address validation) instead of a handshake: handshakes in progress over 1000, or their network over [server.connections] per_network.",
+        )
+        .expect("valid metric");
         ConnectionMetrics {
             open: registered(registry, open),
             refused: registered(registry, refused),
+            quic_retries: registered(registry, quic_retries),
         }
     }
 

@@ -18,8 +18,9 @@ use tokio::sync::watch;
 
 use super::{ConnectionGuards, Watchdog};
 use crate::body::Body;
-use crate::connection::{Answering, Connection, RequestBody};
+use crate::connection::{Answering, Connection};
 use crate::limit::clock;
+use crate::request_body::RequestBody;
 use crate::respond::SetFields;
 use crate::wire::header_names::KnownNames;
 

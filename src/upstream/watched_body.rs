@@ -4,17 +4,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use hyper::body::Incoming;
+
+use crate::body::BoxError;
+use crate::request_body::RequestBody;
 
 /// A client's body on its way upstream, which says whether it failed: a malformed or broken
 /// body ends the exchange with an error that hyper's client reports as its own.
 pub(super) struct WatchedBody {
-    inner: Incoming,
+    inner: RequestBody,
     broken: Arc<AtomicBool>,
 }
 
 impl WatchedBody {
-    pub(super) fn new(inner: Incoming) -> (WatchedBody, Arc<AtomicBool>) {
+    pub(super) fn new(inner: RequestBody) -> (WatchedBody, Arc<AtomicBool>) {
         let broken = Arc::new(AtomicBool::new(false));
         (
             WatchedBody {
@@ -28,12 +30,12 @@ impl WatchedBody {
 
 impl http_body::Body for WatchedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
         if let std::task::Poll::Ready(Some(Err(_))) = &polled {
             self.broken.store(true, Ordering::Relaxed);

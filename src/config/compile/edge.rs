@@ -1,12 +1,14 @@
-//! `[server.connections]` and `[server] proxy_protocol`.
+//! `[server.connections]`, `[server] proxy_protocol` and `[server.http3]`.
 
 use toml::Spanned;
 
-use super::server::networks;
+use super::server::{networks, socket_address};
 use super::Errors;
 use crate::client_ip::Trust;
-use crate::config::raw::{RawConnections, RawProxyProtocol};
-use crate::config::{ConnectionLimits, NetworkRate, Policy, ProxyProtocol};
+use crate::config::raw::{RawConnections, RawHttp3, RawProxyProtocol};
+use crate::config::{
+    ConnectionLimits, Http3Settings, NetworkRate, Policy, ProxyProtocol, ServerSettings,
+};
 
 const MAX_CONNECTIONS: i64 = 100_000_000;
 
@@ -91,6 +93,50 @@ pub(super) fn compile_proxy_protocol(
     Some(ProxyProtocol { from })
 }
 
+/// `[server.http3]`: UDP addresses, which need `[server] tls` (QUIC is TLS 1.3 only).
+pub(super) fn compile_http3(
+    raw: Spanned<RawHttp3>,
+    server: &ServerSettings,
+    errors: &mut Errors<'_>,
+) -> Option<Http3Settings> {
+    let span = raw.span();
+    let raw = raw.into_inner();
+    if server.tls.is_none() {
+        errors.at(
+            Some(span),
+            "server.http3",
+            "HTTP/3 is served with the TLS listeners' certificates: set [server] tls as well",
+        );
+        return None;
+    }
+    let listen_span = raw.listen.span();
+    let listen: Vec<_> = raw
+        .listen
+        .get_ref()
+        .iter()
+        .filter_map(|address| {
+            socket_address(
+                address,
+                "server.http3.listen",
+                Some(listen_span.clone()),
+                errors,
+            )
+        })
+        .collect();
+    if raw.listen.get_ref().is_empty() {
+        errors.at(
+            Some(listen_span),
+            "server.http3.listen",
+            "is empty: name the UDP addresses, such as [\"0.0.0.0:8443\"]",
+        );
+        return None;
+    }
+    Some(Http3Settings {
+        listen,
+        early_data: raw.early_data.unwrap_or(false),
+    })
+}
+
 /// Per-network connection limits count connections by their source: behind proxies that
 /// `trusted_hops` trusts without naming them, that source is a proxy.
 pub(super) fn warnings(policy: &Policy, warnings: &mut Vec<String>) {
@@ -149,6 +195,39 @@ mod tests {
             ["server.proxy_protocol.from"]
         );
         assert_eq!(keys("[server.connections]\nmax_conections = 5\n").len(), 1);
+    }
+
+    #[test]
+    fn http3_compiles_beside_tls_and_is_refused_without_it() {
+        let tls = "[server.tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n";
+        let compiled = policy(&format!(
+            "{tls}[server.http3]\nlisten = [\"0.0.0.0:8443\", \"[::]:8443\"]\nearly_data = true\n"
+        ));
+        let http3 = compiled.server.http3.as_ref().unwrap();
+        assert_eq!(http3.listen[0], "0.0.0.0:8443".parse().unwrap());
+        assert!(http3.early_data);
+        assert!(policy("").server.http3.is_none());
+        let keys =
+            |text: &str| -> Vec<String> { errors(text).into_iter().map(|(key, _)| key).collect() };
+        assert_eq!(
+            keys("[server.http3]\nlisten = [\"0.0.0.0:8443\"]\n"),
+            ["server.http3"]
+        );
+        assert_eq!(
+            keys(&format!("{tls}[server.http3]\nlisten = []\n")),
+            ["server.http3.listen"]
+        );
+        assert_eq!(
+            keys(&format!("{tls}[server.http3]\nlisten = [\"8443\"]\n")),
+            ["server.http3.listen"]
+        );
+        assert_eq!(
+            keys(&format!(
+                "{tls}[server.http3]\nlisten = [\"0.0.0.0:8443\"]\nzero_rtt = true\n"
+            ))
+            .len(),
+            1
+        );
     }
 
     #[test]

@@ -116,6 +116,7 @@ pub(super) fn compile_server(
         // `compile_listeners` sets these (`edge.rs`).
         connections: Default::default(),
         proxy_protocol: None,
+        http3: None,
     }
 }
 
@@ -140,7 +141,7 @@ fn compile_max_header_bytes(raw: Option<Spanned<i64>>, errors: &mut Errors<'_>) 
     }
 }
 
-fn socket_address(
+pub(super) fn socket_address(
     text: &str,
     key: &str,
     span: Option<Range<usize>>,

@@ -1,4 +1,4 @@
-//! `[server.connections]` and `[server] proxy_protocol` as written.
+//! `[server.connections]`, `[server] proxy_protocol` and `[server.http3]` as written.
 
 use serde::Deserialize;
 use toml::Spanned;
@@ -24,4 +24,11 @@ pub struct RawNetworkRate {
 #[serde(deny_unknown_fields)]
 pub struct RawProxyProtocol {
     pub from: Spanned<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttp3 {
+    pub listen: Spanned<Vec<String>>,
+    pub early_data: Option<bool>,
 }

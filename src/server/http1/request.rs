@@ -9,7 +9,7 @@ use http::header::HeaderValue;
 use http::{Method, Request, Uri, Version};
 use smallvec::SmallVec;
 
-use crate::connection::RequestBody;
+use crate::request_body::RequestBody;
 use crate::wire::header_names::KnownNames;
 use crate::wire::message::MAX_REQUEST_FIELDS;
 

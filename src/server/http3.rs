@@ -1,0 +1,367 @@
+//! HTTP/3 over QUIC (`[server.http3]`). Each UDP listener judges a new connection by its first
+//! packet (a Retry first when handshakes pile up or its network connects too fast:
+//! `validation.rs`), handshakes with the TCP listeners' certificates, counts the connection in
+//! `[server.connections]` once its address is proven, and hands each request to the same
+//! answerer as HTTP/1.1 and HTTP/2. Migration is off: a client that moves opens a new
+//! connection, validated again. Requests that arrive in 0-RTT early data (`early_data = true`)
+//! before the handshake completes are forwarded only when safe, with `Early-Data: 1`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, StatusCode};
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Http3Settings, ServerSettings};
+use crate::connection::{Answering, Connection};
+use crate::errors::StartError;
+use crate::request_body::{QuicBody, RequestBody};
+use crate::respond::{self, SetFields};
+use crate::shared::Shared;
+use crate::tls::{HandshakeFailure, TlsListener};
+use crate::wire::message;
+use validation::FirstPacket;
+
+mod response;
+mod validation;
+
+/// `Early-Data` (RFC 8470), on requests forwarded before the client's handshake completed.
+static EARLY_DATA: header::HeaderName = header::HeaderName::from_static("early-data");
+
+/// A UDP socket on `address` serving QUIC with the current certificates; the address it got.
+pub(crate) fn bind(
+    address: SocketAddr,
+    shared: &Shared,
+    settings: &ServerSettings,
+    http3: &Http3Settings,
+) -> Result<(quinn::Endpoint, SocketAddr), StartError> {
+    let listen_error = |source| StartError::Listen { address, source };
+    let tls = shared.tls.load_full().ok_or_else(|| {
+        listen_error(std::io::Error::other(
+            "HTTP/3 needs the TLS listeners' certificates",
+        ))
+    })?;
+    let config = server_config(&tls, settings, http3).map_err(listen_error)?;
+    let socket = std::net::UdpSocket::bind(address).map_err(listen_error)?;
+    let endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some((*config).clone()),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(listen_error)?;
+    let bound = endpoint.local_addr().map_err(listen_error)?;
+    Ok((endpoint, bound))
+}
+
+/// QUIC's configuration for the certificates `tls` serves: no migration, the server's idle
+/// timeout, and 0-RTT when `early_data`.
+fn server_config(
+    tls: &TlsListener,
+    settings: &ServerSettings,
+    http3: &Http3Settings,
+) -> Result<Arc<quinn::ServerConfig>, std::io::Error> {
+    let crypto = tls
+        .quic_config(http3.early_data)
+        .map_err(std::io::Error::other)?;
+    let crypto =
+        quinn::crypto::rustls::QuicServerConfig::try_from(crypto).map_err(std::io::Error::other)?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    let idle = quinn::IdleTimeout::try_from(settings.idle_timeout)
+        .unwrap_or_else(|_| quinn::IdleTimeout::from(quinn::VarInt::MAX));
+    transport.max_idle_timeout(Some(idle));
+    config.transport_config(Arc::new(transport));
+    config.migration(false);
+    Ok(Arc::new(config))
+}
+
+/// What every connection of one UDP listener shares.
+#[derive(Clone)]
+struct Listening<A> {
+    shared: Arc<Shared>,
+    answering: A,
+    settings: Arc<ServerSettings>,
+    early_data: bool,
+    handshakes: Arc<AtomicUsize>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// Accepts QUIC connections until shutdown; each is a task of the gateway's tracker. After
+/// shutdown the endpoint takes no new connection; those open finish their requests.
+pub(crate) async fn serve<A: Answering>(
+    endpoint: quinn::Endpoint,
+    shared: Arc<Shared>,
+    answering: A,
+    settings: ServerSettings,
+    http3: Http3Settings,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let listening = Listening {
+        shared,
+        answering,
+        settings: Arc::new(settings),
+        early_data: http3.early_data,
+        handshakes: Arc::new(AtomicUsize::new(0)),
+        shutdown: shutdown.clone(),
+    };
+    // The certificates a reload put in place are taken up by the next connection.
+    let mut current: Option<(Arc<TlsListener>, Arc<quinn::ServerConfig>)> = None;
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => incoming,
+            _ = shutdown.changed() => break,
+        };
+        let Some(incoming) = incoming else {
+            break;
+        };
+        let shared = &listening.shared;
+        let peer = incoming.remote_address().ip().to_canonical();
+        let runtime = shared.runtime.load();
+        let source = crate::connection_limits::source(peer, &runtime.policy.client_ip);
+        let exhausted = shared
+            .connections
+            .rate_exhausted(&runtime.policy.server.connections, &source);
+        drop(runtime);
+        let handshakes = listening.handshakes.load(Ordering::Relaxed);
+        let first =
+            validation::first_packet(incoming.remote_address_validated(), handshakes, exhausted);
+        if first == FirstPacket::Retry && incoming.may_retry() {
+            shared.metrics.connections.quic_retries.inc();
+            let _ = incoming.retry();
+            continue;
+        }
+        let Some(tls) = shared.tls.load_full() else {
+            incoming.refuse();
+            continue;
+        };
+        let config = match &current {
+            Some((serving, config)) if Arc::ptr_eq(serving, &tls) => config.clone(),
+            _ => match server_config(&tls, &listening.settings, &http3) {
+                Ok(config) => {
+                    current = Some((tls, config.clone()));
+                    config
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "HTTP/3 cannot use the certificates");
+                    incoming.refuse();
+                    continue;
+                }
+            },
+        };
+        // Counted here, not in the task: the next packet is judged before the task runs.
+        let handshaking = Handshaking::new(&listening.handshakes);
+        let connection = listening.clone().connection(incoming, config, handshaking);
+        listening.shared.tasks.spawn(Box::pin(connection));
+    }
+    endpoint.set_server_config(None);
+    tracing::info!("HTTP/3 listener closed");
+}
+
+/// Counted in the handshakes in progress while alive.
+struct Handshaking(Arc<AtomicUsize>);
+
+impl Handshaking {
+    fn new(count: &Arc<AtomicUsize>) -> Handshaking {
+        count.fetch_add(1, Ordering::Relaxed);
+        Handshaking(count.clone())
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<A: Answering> Listening<A> {
+    /// One connection: its handshake within the header read timeout (or, with 0-RTT, its
+    /// requests served while the handshake completes), its place in `[server.connections]`,
+    /// then its requests, each a task, until the client closes or shutdown drains it.
+    async fn connection(
+        self,
+        incoming: quinn::Incoming,
+        config: Arc<quinn::ServerConfig>,
+        handshaking: Handshaking,
+    ) {
+        let peer = incoming.remote_address().ip().to_canonical();
+        let connecting = match incoming.accept_with(config) {
+            Ok(connecting) => connecting,
+            Err(error) => {
+                tracing::debug!(%peer, %error, "QUIC connection refused");
+                return;
+            }
+        };
+        let timeout = self.settings.header_read_timeout;
+        let handshake_done = Arc::new(AtomicBool::new(!self.early_data));
+        let quic = if self.early_data {
+            match connecting.into_0rtt() {
+                Ok((quic, accepted)) => {
+                    let (done, quic_watched) = (handshake_done.clone(), quic.clone());
+                    let metrics = self.shared.metrics.tls.clone();
+                    tokio::spawn(async move {
+                        let _handshaking = handshaking;
+                        match tokio::time::timeout(timeout, accepted).await {
+                            Ok(true) => done.store(true, Ordering::Release),
+                            // The connection failed: its requests fail with it.
+                            Ok(false) => {}
+                            Err(_) => {
+                                metrics.handshake_failed(HandshakeFailure::Timeout);
+                                quic_watched.close(0u32.into(), b"handshake timeout");
+                            }
+                        }
+                    });
+                    quic
+                }
+                Err(connecting) => match self.handshake(connecting, timeout, peer).await {
+                    Some(quic) => {
+                        handshake_done.store(true, Ordering::Release);
+                        quic
+                    }
+                    None => return,
+                },
+            }
+        } else {
+            let quic = self.handshake(connecting, timeout, peer).await;
+            drop(handshaking);
+            match quic {
+                Some(quic) => quic,
+                None => return,
+            }
+        };
+        let policy = &self.shared.runtime.load().policy;
+        let Some(_open) = super::edge::admit(&self.shared, policy, peer) else {
+            quic.close(
+                h3::error::Code::H3_EXCESSIVE_LOAD
+                    .value()
+                    .try_into()
+                    .unwrap_or_default(),
+                b"",
+            );
+            return;
+        };
+        let mut connection = Connection::new(peer, "https");
+        connection.http3 = true;
+        self.requests(quic, Arc::new(connection), handshake_done)
+            .await;
+    }
+
+    /// The handshake within `timeout`; a failure is counted and logged at debug level.
+    async fn handshake(
+        &self,
+        connecting: quinn::Connecting,
+        timeout: Duration,
+        peer: std::net::IpAddr,
+    ) -> Option<quinn::Connection> {
+        let failure = match tokio::time::timeout(timeout, connecting).await {
+            Ok(Ok(quic)) => return Some(quic),
+            Ok(Err(quinn::ConnectionError::TimedOut)) | Err(_) => HandshakeFailure::Timeout,
+            Ok(Err(quinn::ConnectionError::ApplicationClosed(_)))
+            | Ok(Err(quinn::ConnectionError::ConnectionClosed(_)))
+            | Ok(Err(quinn::ConnectionError::Reset)) => HandshakeFailure::Closed,
+            Ok(Err(_)) => HandshakeFailure::Other,
+        };
+        self.shared.metrics.tls.handshake_failed(failure);
+        tracing::debug!(%peer, reason = failure.as_str(), "QUIC handshake failed");
+        None
+    }
+
+    /// Serves the connection's requests, each a task, until the client closes it or shutdown
+    /// drains it: no new request, those in flight answered, then the connection closed.
+    async fn requests(
+        &self,
+        quic: quinn::Connection,
+        connection: Arc<Connection>,
+        handshake_done: Arc<AtomicBool>,
+    ) {
+        let mut builder = h3::server::builder();
+        builder.max_field_section_size(self.settings.max_header_bytes as u64);
+        let Ok(mut h3) = builder
+            .build::<_, Bytes>(h3_quinn::Connection::new(quic.clone()))
+            .await
+        else {
+            return;
+        };
+        let in_flight = TaskTracker::new();
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            let accepted = tokio::select! {
+                accepted = h3.accept() => accepted,
+                _ = shutdown.changed() => {
+                    let _ = h3.shutdown(0).await;
+                    break;
+                }
+            };
+            let Ok(Some(resolver)) = accepted else {
+                break;
+            };
+            let early = !handshake_done.load(Ordering::Acquire);
+            let request = self.clone().request(resolver, connection.clone(), early);
+            in_flight.spawn(Box::pin(request));
+        }
+        in_flight.close();
+        in_flight.wait().await;
+        quic.close(
+            h3::error::Code::H3_NO_ERROR
+                .value()
+                .try_into()
+                .unwrap_or_default(),
+            b"",
+        );
+    }
+
+    /// One request: its head within the header read timeout, then the answer, written back.
+    async fn request(
+        self,
+        resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
+        connection: Arc<Connection>,
+        early: bool,
+    ) {
+        let timeout = self.settings.header_read_timeout;
+        let Ok(Ok((request, stream))) =
+            tokio::time::timeout(timeout, resolver.resolve_request()).await
+        else {
+            return;
+        };
+        let (mut send, recv) = stream.split();
+        let (mut parts, ()) = request.into_parts();
+        // HTTP/3 has no connection-specific fields (RFC 9114 §4.2), and so no upgrades.
+        message::remove_hop_by_hop(&mut parts.headers, false);
+        let head_only = parts.method == Method::HEAD;
+        let response = if early && !is_safe(&parts.method) {
+            respond::error(
+                StatusCode::TOO_EARLY,
+                "too_early",
+                Some("sent in 0-RTT early data: send it again once the handshake is complete"),
+            )
+        } else {
+            if early {
+                parts
+                    .headers
+                    .insert(EARLY_DATA.clone(), HeaderValue::from_static("1"));
+            }
+            let declared = parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|value| value.to_str().ok()?.parse().ok());
+            let body = RequestBody::Quic(QuicBody::new(recv, declared));
+            let mut fields = SetFields::default();
+            let answer =
+                self.answering
+                    .answer(Request::from_parts(parts, body), &connection, &mut fields);
+            let mut response = Box::pin(answer).await;
+            fields.apply(response.headers_mut());
+            response
+        };
+        let _ = response::send_response(&mut send, response, head_only).await;
+    }
+}
+
+/// Methods that RFC 9110 calls safe: an early request of these may be replayed harmlessly.
+fn is_safe(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}

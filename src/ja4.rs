@@ -1,8 +1,9 @@
 //! The JA4 fingerprint of a TLS ClientHello, as FoxIO defines it: protocol, version, SNI,
 //! counts and ALPN, then a hash of the sorted cipher suites and one of the sorted extensions
 //! with the signature algorithms, GREASE values left out. Read from the bytes a client sends
-//! before the handshake (pure: no I/O), reassembled across records however they were split;
-//! and the server name it asks for, which picks the certificate.
+//! before the handshake (pure: no I/O), reassembled across records however they were split, or
+//! from QUIC's Initial packets (`quic.rs`); and the server name it asks for, which picks the
+//! certificate.
 
 use std::fmt::Write as _;
 
@@ -211,8 +212,24 @@ pub fn asks_acme_challenge(message: &[u8]) -> bool {
     parse(message).is_some_and(|hello| hello.acme_alpn_only)
 }
 
-/// The JA4 fingerprint of a ClientHello message; `None` when it does not parse.
+/// The JA4 fingerprint of a ClientHello message sent over TCP; `None` when it does not parse.
 pub fn fingerprint(message: &[u8]) -> Option<String> {
+    fingerprint_over(message, Transport::Tcp)
+}
+
+/// The JA4 fingerprint of a ClientHello message sent in QUIC Initial packets (`q`).
+pub fn quic_fingerprint(message: &[u8]) -> Option<String> {
+    fingerprint_over(message, Transport::Quic)
+}
+
+/// What carried the hello: JA4's first letter.
+#[derive(Clone, Copy)]
+enum Transport {
+    Tcp,
+    Quic,
+}
+
+fn fingerprint_over(message: &[u8], transport: Transport) -> Option<String> {
     let hello = parse(message)?;
     let version = hello
         .supported_versions
@@ -251,7 +268,11 @@ pub fn fingerprint(message: &[u8]) -> Option<String> {
     let mut text = String::with_capacity(36);
     let _ = write!(
         text,
-        "t{version}{sni}{:02}{:02}{}_",
+        "{}{version}{sni}{:02}{:02}{}_",
+        match transport {
+            Transport::Tcp => 't',
+            Transport::Quic => 'q',
+        },
         ciphers.len().min(99),
         extensions.len().min(99),
         alpn_ends(hello.first_alpn.as_deref())
@@ -328,3 +349,5 @@ fn truncated_hash(text: &str) -> String {
 
 #[cfg(test)]
 mod tests;
+
+pub mod quic;

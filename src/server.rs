@@ -123,7 +123,8 @@ pub(crate) async fn listen(
     let mut quic = Vec::new();
     if let Some(settings) = &policy.server.http3 {
         for address in &settings.listen {
-            let (endpoint, bound) = http3::bind(*address, shared, &policy.server, settings)?;
+            let listener = http3::bind(*address, shared, &policy.server, settings)?;
+            let bound = listener.address;
             quic.push(bound);
             if shared.alt_svc.get().is_none() {
                 let advertised = format!("h3=\":{}\"; ma=86400", bound.port());
@@ -133,7 +134,7 @@ pub(crate) async fn listen(
             }
             tracing::info!(address = %bound, "listening for HTTP/3 (QUIC)");
             listeners.spawn(http3::serve(
-                endpoint,
+                listener,
                 shared.clone(),
                 gateway.clone(),
                 policy.server.clone(),

@@ -50,45 +50,8 @@ upstream = "app"
     )
 }
 
-/// Runs the aioquic client with `spec` (see `tests/fixtures/h3_client.py`): one result per
-/// connection.
 async fn h3(address: SocketAddr, certificate: &Certificate, spec: Value) -> Vec<Value> {
-    let mut spec = spec;
-    spec["host"] = json!("127.0.0.1");
-    spec["port"] = json!(address.port());
-    spec["ca"] = json!(certificate.cert.display().to_string());
-    spec["server_name"] = json!("localhost");
-    let output = python("h3_client.py", &serde_json::to_vec(&spec).unwrap()).await;
-    serde_json::from_str(&output).unwrap_or_else(|error| panic!("{error}: {output}"))
-}
-
-/// Runs a fixture with `input` on stdin; its standard output.
-async fn python(fixture: &str, input: &[u8]) -> String {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(test_python())
-        .arg(crate_root().join("tests/fixtures").join(fixture))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the tests' Python (scripts/test.sh makes it)");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input).await.unwrap();
-    drop(stdin);
-    let output = tokio::time::timeout(
-        std::time::Duration::from_secs(120),
-        child.wait_with_output(),
-    )
-    .await
-    .expect("the client ends")
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "{fixture}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
+    quic::h3_client(address, &certificate.cert, spec).await
 }
 
 fn get(path: &str) -> Value {
@@ -264,7 +227,7 @@ async fn early_data_forwards_safe_requests_marked_and_refuses_others_with_425() 
 async fn garbage_and_a_flood_of_initials_leave_the_listener_serving() {
     let (gateway, _upstream, certificate, _dir) = gateway("").await;
     let quic = gateway.http3_addresses[0];
-    let report = python(
+    let report = quic::fixture(
         "quic_flood.py",
         json!({"host": "127.0.0.1", "port": quic.port(), "initials": 1300})
             .to_string()
@@ -285,4 +248,33 @@ async fn garbage_and_a_flood_of_initials_leave_the_listener_serving() {
     // A real client is served meanwhile (proving its address first, if the flood is still on).
     let results = h3(quic, &certificate, json!({"connections": [[get("/")]]})).await;
     assert_eq!(responses(&results[0])[0]["status"], 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_requests_in_flight_end_and_takes_no_new_connection() {
+    let (gateway, upstream, certificate, _dir) = gateway("").await;
+    upstream
+        .delay_ms
+        .store(1500, std::sync::atomic::Ordering::SeqCst);
+    let quic = gateway.http3_addresses[0];
+    let spec = |path: &str| {
+        json!({"host": "127.0.0.1", "port": quic.port(), "server_name": "localhost",
+               "ca": certificate.cert.display().to_string(), "connections": [[get(path)]]})
+        .to_string()
+    };
+    let in_flight = spec("/delayed");
+    let slow =
+        tokio::spawn(async move { quic::fixture("h3_client.py", in_flight.as_bytes()).await });
+    eventually("the request reaches the upstream", || {
+        upstream.hits.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(gateway.shutdown().await, "drained within the grace period");
+    let answered: Vec<Value> = serde_json::from_str(&slow.await.unwrap()).unwrap();
+    let answer = &responses(&answered[0])[0];
+    assert_eq!(answer["status"], 200, "{answer}");
+    assert_eq!(answer["body"], "eventually");
+    let after: Vec<Value> =
+        serde_json::from_str(&quic::fixture("h3_client.py", spec("/").as_bytes()).await).unwrap();
+    assert!(after[0]["error"].is_string(), "{}", after[0]);
 }

@@ -3,7 +3,8 @@
 //! `ja4plus` package (PyPI) alike; through the gateway, clients with different TLS settings
 //! land in different buckets and the same settings share one; a hello cut into many records
 //! and TCP segments is fingerprinted and its handshake completes; the decision listener takes
-//! the asking proxy's `X-Tollgate-JA4`.
+//! the asking proxy's `X-Tollgate-JA4`; an HTTP/3 client's hello, read off its QUIC Initial
+//! packets, is fingerprinted as ja4plus reads it, with JA4's `q`.
 
 mod common;
 
@@ -226,6 +227,11 @@ async fn the_same_tls_settings_share_a_bucket_and_others_do_not() {
     // The admin API finds curl's bucket by the fingerprint ja4plus gives its hello.
     let curl_hello = capture_hello(curl(&[])).await;
     let fingerprint = ja4plus(&curl_hello);
+    assert_bucket_spent(&gateway, &fingerprint).await;
+}
+
+/// The admin API shows `per_fingerprint`'s bucket for `fingerprint` spent.
+async fn assert_bucket_spent(gateway: &tollgate::Tollgate, fingerprint: &str) {
     let admin = HttpClient::new(gateway.admin_address);
     let state = admin
         .get(&format!("/limits/per_fingerprint?key={fingerprint}"), &[])
@@ -493,4 +499,52 @@ async fn the_access_log_names_the_connection_s_fingerprint() {
         .as_str()
         .unwrap()
         .starts_with("per_fingerprint=h:"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_clients_are_fingerprinted_with_q_from_the_hello_their_initials_carry() {
+    let dir = tempfile::tempdir().unwrap();
+    let certificate = certificate(dir.path(), "server");
+    // aioquic's Initials, caught by a socket that never answers.
+    let catcher = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let caught = catcher.local_addr().unwrap();
+    let one_get = serde_json::json!({"connections": [[{"method": "GET", "path": "/"}]]});
+    let (ca, asked) = (certificate.cert.clone(), one_get.clone());
+    let client = tokio::spawn(async move { quic::h3_client(caught, &ca, asked).await });
+    let mut datagrams = Vec::new();
+    let hello = loop {
+        let mut buffer = [0u8; 2048];
+        let received =
+            tokio::time::timeout(Duration::from_secs(10), catcher.recv_from(&mut buffer));
+        let (length, _) = received.await.expect("an Initial").unwrap();
+        datagrams.push(buffer[..length].to_vec());
+        if let Some(hello) = ja4::quic::client_hello(datagrams.iter().map(Vec::as_slice)) {
+            break hello;
+        }
+    };
+    client.abort();
+    let expected = format!("q{}", &ja4plus(&hello)[1..]);
+    assert!(expected.starts_with("q13d"), "{expected}");
+    assert_eq!(
+        ja4::quic_fingerprint(&hello).as_deref(),
+        Some(expected.as_str())
+    );
+
+    // The listener reads the same hello off the wire: a limit keyed by it (a connection
+    // without a fingerprint would be refused) counts each connection of that stack.
+    let upstream = start_upstream().await;
+    let policy = format!(
+        "{}\n[server.http3]\nlisten = [\"127.0.0.1:0\"]\n",
+        tls_policy(&certificate)
+    );
+    let gateway = start_gateway(&policy, upstream.address).await;
+    let request = one_get["connections"][0].clone();
+    let connections = serde_json::json!({"connections": [request, request, request]});
+    let results = quic::h3_client(gateway.http3_addresses[0], &certificate.cert, connections).await;
+    let statuses: Vec<&serde_json::Value> = results
+        .iter()
+        .map(|result| &result["responses"][0]["status"])
+        .collect();
+    assert_eq!(statuses, [200, 200, 429], "{results:?}");
+    assert_bucket_spent(&gateway, &expected).await;
 }

@@ -24,21 +24,26 @@ use crate::respond::{self, SetFields};
 use crate::shared::Shared;
 use crate::tls::{HandshakeFailure, TlsListener};
 use crate::wire::message;
+use initials::{InitialsSocket, KeptInitials};
 use validation::FirstPacket;
 
+mod initials;
 mod response;
 mod validation;
+
+/// How long a drained connection waits for its client to close it.
+const CLOSE_AFTER_DRAIN: Duration = Duration::from_secs(1);
 
 /// `Early-Data` (RFC 8470), on requests forwarded before the client's handshake completed.
 static EARLY_DATA: header::HeaderName = header::HeaderName::from_static("early-data");
 
-/// A UDP socket on `address` serving QUIC with the current certificates; the address it got.
+/// A UDP socket on `address` serving QUIC with the current certificates.
 pub(crate) fn bind(
     address: SocketAddr,
     shared: &Shared,
     settings: &ServerSettings,
     http3: &Http3Settings,
-) -> Result<(quinn::Endpoint, SocketAddr), StartError> {
+) -> Result<QuicListener, StartError> {
     let listen_error = |source| StartError::Listen { address, source };
     let tls = shared.tls.load_full().ok_or_else(|| {
         listen_error(std::io::Error::other(
@@ -47,15 +52,33 @@ pub(crate) fn bind(
     })?;
     let config = server_config(&tls, settings, http3).map_err(listen_error)?;
     let socket = std::net::UdpSocket::bind(address).map_err(listen_error)?;
-    let endpoint = quinn::Endpoint::new(
+    let runtime = Arc::new(quinn::TokioRuntime);
+    let initials = Arc::new(KeptInitials::default());
+    let socket = InitialsSocket {
+        inner: quinn::Runtime::wrap_udp_socket(&*runtime, socket).map_err(listen_error)?,
+        kept: initials.clone(),
+    };
+    let endpoint = quinn::Endpoint::new_with_abstract_socket(
         quinn::EndpointConfig::default(),
         Some((*config).clone()),
-        socket,
-        Arc::new(quinn::TokioRuntime),
+        Arc::new(socket),
+        runtime,
     )
     .map_err(listen_error)?;
     let bound = endpoint.local_addr().map_err(listen_error)?;
-    Ok((endpoint, bound))
+    Ok(QuicListener {
+        endpoint,
+        initials,
+        address: bound,
+    })
+}
+
+/// A bound UDP listener.
+pub(crate) struct QuicListener {
+    endpoint: quinn::Endpoint,
+    /// What its socket keeps of new connections' Initials, for their JA4.
+    initials: Arc<KeptInitials>,
+    pub(crate) address: SocketAddr,
 }
 
 /// QUIC's configuration for the certificates `tls` serves: no migration, the server's idle
@@ -88,13 +111,16 @@ struct Listening<A> {
     settings: Arc<ServerSettings>,
     early_data: bool,
     handshakes: Arc<AtomicUsize>,
+    initials: Arc<KeptInitials>,
     shutdown: watch::Receiver<bool>,
 }
 
 /// Accepts QUIC connections until shutdown; each is a task of the gateway's tracker. After
 /// shutdown the endpoint takes no new connection; those open finish their requests.
 pub(crate) async fn serve<A: Answering>(
-    endpoint: quinn::Endpoint,
+    QuicListener {
+        endpoint, initials, ..
+    }: QuicListener,
     shared: Arc<Shared>,
     answering: A,
     settings: ServerSettings,
@@ -107,6 +133,7 @@ pub(crate) async fn serve<A: Answering>(
         settings: Arc::new(settings),
         early_data: http3.early_data,
         handshakes: Arc::new(AtomicUsize::new(0)),
+        initials,
         shutdown: shutdown.clone(),
     };
     // The certificates a reload put in place are taken up by the next connection.
@@ -188,7 +215,8 @@ impl<A: Answering> Listening<A> {
         config: Arc<quinn::ServerConfig>,
         handshaking: Handshaking,
     ) {
-        let peer = incoming.remote_address().ip().to_canonical();
+        let remote = incoming.remote_address();
+        let peer = remote.ip().to_canonical();
         let connecting = match incoming.accept_with(config) {
             Ok(connecting) => connecting,
             Err(error) => {
@@ -235,17 +263,12 @@ impl<A: Answering> Listening<A> {
         };
         let policy = &self.shared.runtime.load().policy;
         let Some(_open) = super::edge::admit(&self.shared, policy, peer) else {
-            quic.close(
-                h3::error::Code::H3_EXCESSIVE_LOAD
-                    .value()
-                    .try_into()
-                    .unwrap_or_default(),
-                b"",
-            );
+            quic.close(code(h3::error::Code::H3_EXCESSIVE_LOAD), b"");
             return;
         };
         let mut connection = Connection::new(peer, "https");
         connection.http3 = true;
+        connection.ja4 = self.initials.fingerprint(remote);
         self.requests(quic, Arc::new(connection), handshake_done)
             .await;
     }
@@ -305,13 +328,10 @@ impl<A: Answering> Listening<A> {
         }
         in_flight.close();
         in_flight.wait().await;
-        quic.close(
-            h3::error::Code::H3_NO_ERROR
-                .value()
-                .try_into()
-                .unwrap_or_default(),
-            b"",
-        );
+        // Closing at once could drop the last responses' unacknowledged data: a moment for
+        // the client, which GOAWAY told to go, to close first.
+        let _ = tokio::time::timeout(CLOSE_AFTER_DRAIN, quic.closed()).await;
+        quic.close(code(h3::error::Code::H3_NO_ERROR), b"");
     }
 
     /// One request: its head within the header read timeout, then the answer, written back.
@@ -359,6 +379,11 @@ impl<A: Answering> Listening<A> {
         };
         let _ = response::send_response(&mut send, response, head_only).await;
     }
+}
+
+/// An HTTP/3 error code as QUIC's CONNECTION_CLOSE carries it.
+fn code(code: h3::error::Code) -> quinn::VarInt {
+    quinn::VarInt::from_u64(code.value()).unwrap_or_default()
 }
 
 /// Methods that RFC 9110 calls safe: an early request of these may be replayed harmlessly.

@@ -25,6 +25,7 @@ pub mod bans;
 pub mod differential;
 pub mod llm;
 pub mod pki;
+pub mod quic;
 pub mod redis_server;
 pub mod tokens;
 

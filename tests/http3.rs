@@ -278,3 +278,27 @@ async fn shutdown_lets_requests_in_flight_end_and_takes_no_new_connection() {
         serde_json::from_str(&quic::fixture("h3_client.py", spec("/").as_bytes()).await).unwrap();
     assert!(after[0]["error"].is_string(), "{}", after[0]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_s_renewed_certificate_serves_the_next_quic_connection() {
+    let (gateway, upstream, first, dir) = gateway("").await;
+    let quic = gateway.http3_addresses[0];
+    let second = certificate(dir.path(), "second");
+    let old = dir.path().join("old.pem");
+    std::fs::copy(&first.cert, &old).unwrap();
+    let one_get = || json!({"connections": [[get("/")]]});
+    let trusting = |ca: std::path::PathBuf| async move {
+        let results = quic::h3_client(quic, &ca, one_get()).await;
+        results[0]["responses"][0]["status"] == 200
+    };
+    assert!(trusting(old.clone()).await);
+    assert!(!trusting(second.cert.clone()).await);
+    // Renewed certificate, same file names.
+    std::fs::copy(&second.cert, &first.cert).unwrap();
+    std::fs::copy(&second.key, &first.key).unwrap();
+    gateway
+        .reload(compile(&policy(&first, ""), upstream.address))
+        .unwrap();
+    assert!(trusting(second.cert.clone()).await);
+    assert!(!trusting(old).await);
+}

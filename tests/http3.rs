@@ -302,3 +302,30 @@ async fn a_reload_s_renewed_certificate_serves_the_next_quic_connection() {
     assert!(trusting(second.cert.clone()).await);
     assert!(!trusting(old).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_says_h3_and_names_the_quic_fingerprint() {
+    let dir = tempfile::tempdir().unwrap();
+    let certificate = certificate(dir.path(), "server");
+    let upstream = start_upstream().await;
+    let file = dir.path().join("tollgate.toml");
+    let policy = policy(&certificate, "").replace("{upstream}", &upstream.address.to_string());
+    std::fs::write(&file, policy + "[admin]\nlisten = \"127.0.0.1:0\"\n").unwrap();
+    let gateway = logged::LoggedGateway::start(&file);
+    let listening = gateway.next_line("listening for HTTP/3");
+    let quic: SocketAddr = listening["address"].as_str().unwrap().parse().unwrap();
+    let results = h3(
+        quic,
+        &certificate,
+        json!({"connections": [[get("/limited")]]}),
+    )
+    .await;
+    assert_eq!(responses(&results[0])[0]["status"], 200);
+    let access = gateway.next_line("tollgate::access");
+    assert_eq!(access["protocol"], "h3", "{access}");
+    assert_eq!(access["route"], "limited");
+    assert!(
+        access["ja4"].as_str().unwrap().starts_with("q13d"),
+        "{access}"
+    );
+}

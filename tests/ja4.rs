@@ -445,32 +445,8 @@ async fn the_access_log_names_the_connection_s_fingerprint() {
         + "[admin]\nlisten = \"127.0.0.1:0\"\n";
     let file = dir.path().join("tollgate.toml");
     std::fs::write(&file, policy).unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["--log-format", "json", "run", "--config"])
-        .arg(&file)
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = std::io::BufRead::lines(std::io::BufReader::new(gateway.stderr.take().unwrap()));
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let next_line = |wanted: &dyn Fn(&str) -> bool| loop {
-        let line = receiver
-            .recv_timeout(Duration::from_secs(20))
-            .expect("a log line");
-        if wanted(&line) {
-            break line;
-        }
-    };
-    let listening = next_line(&|line| line.contains("\"listening\""));
-    let listening: serde_json::Value = serde_json::from_str(&listening).unwrap();
+    let gateway = logged::LoggedGateway::start(&file);
+    let listening = gateway.next_line("\"listening\"");
     let address: SocketAddr = listening["address"].as_str().unwrap().parse().unwrap();
     let port = address.port();
     let status = Command::new("curl")
@@ -487,12 +463,8 @@ async fn the_access_log_names_the_connection_s_fingerprint() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&status.stdout), "200");
-    let access = next_line(&|line| line.contains("tollgate::access"));
-    let _ = Command::new("kill")
-        .args(["-TERM", &gateway.id().to_string()])
-        .status();
-    let _ = gateway.wait();
-    let access: serde_json::Value = serde_json::from_str(&access).unwrap();
+    let access = gateway.next_line("tollgate::access");
+    drop(gateway);
     let expected = ja4plus(&capture_hello(curl(&[])).await);
     assert_eq!(access["ja4"], expected.as_str(), "{access}");
     assert!(access["keys"]

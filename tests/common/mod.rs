@@ -24,6 +24,7 @@ use tollgate::{Options, Tollgate};
 pub mod bans;
 pub mod differential;
 pub mod llm;
+pub mod logged;
 pub mod pki;
 pub mod quic;
 pub mod redis_server;

@@ -189,6 +189,11 @@ fn write_tls(out: &mut String, policy: &Policy) {
     if tls.redirect_plain {
         traits.push("plain listeners redirect to https".to_owned());
     }
+    if let Some(http3) = &policy.server.http3 {
+        let listen: Vec<String> = http3.listen.iter().map(ToString::to_string).collect();
+        let early = if http3.early_data { ", 0-RTT" } else { "" };
+        traits.push(format!("HTTP/3 on UDP {}{early}", listen.join(", ")));
+    }
     let _ = writeln!(out, "tls: {}", traits.join(", "));
     for entry in &tls.certificates {
         let hosts: Vec<String> = entry.hosts.iter().map(ToString::to_string).collect();

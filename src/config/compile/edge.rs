@@ -206,6 +206,11 @@ mod tests {
         let http3 = compiled.server.http3.as_ref().unwrap();
         assert_eq!(http3.listen[0], "0.0.0.0:8443".parse().unwrap());
         assert!(http3.early_data);
+        let summary = compiled.summary();
+        assert!(
+            summary.contains("HTTP/3 on UDP 0.0.0.0:8443, [::]:8443, 0-RTT"),
+            "{summary}"
+        );
         assert!(policy("").server.http3.is_none());
         let keys =
             |text: &str| -> Vec<String> { errors(text).into_iter().map(|(key, _)| key).collect() };

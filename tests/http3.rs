@@ -193,7 +193,8 @@ async fn a_network_over_its_connection_rate_gets_a_retry_then_is_closed() {
     assert!(results[2]["error"].is_string(), "{}", results[2]);
     assert_eq!(upstream.hits.load(std::sync::atomic::Ordering::SeqCst), 2);
     let scrape = gateway.render_metrics();
-    assert_eq!(metric(&scrape, "tollgate_quic_retries_total"), 1.0);
+    // One, or more if the client sent its first Initial again before the Retry came.
+    assert!(metric(&scrape, "tollgate_quic_retries_total") >= 1.0);
     let refused = r#"tollgate_connections_refused_total{reason="rate"}"#;
     assert_eq!(metric(&scrape, refused), 1.0);
 }

@@ -8,6 +8,7 @@
 #   TOP=40 bench/instructions.sh     # and the 40 functions with the most instructions (inclusive)
 #   STORE=redis bench/instructions.sh    # row 5: the Redis store (starts its own redis-server)
 #   REFUSING=1 bench/instructions.sh     # row 6b: every request refused (429)
+#   ONE_LIMIT=1 bench/instructions.sh    # the client-network limit alone, as nginx's one limit_req
 #   MORE_FIELDS=1 bench/instructions.sh  # six more non-standard header fields per request
 #   CLOSE=1 bench/instructions.sh        # `Connection: close`: a TCP connection per request
 #   CONN_REFUSED=1 bench/instructions.sh # every connection refused by [server.connections] as
@@ -98,8 +99,10 @@ if [[ "$proxy" == nginx ]]; then
     >/dev/null 2>"$work/valgrind.log" &
 else
   admin=$(free_port)
+  route_limits=()
+  [[ -n "${ONE_LIMIT:-}" ]] && route_limits=("" '"per_network"')
   three_limit_policy "$port" "$admin" "$upstream_port" "$store_section" "${limits[@]}" \
-    > "$work/policy.toml"
+    "${route_limits[@]}" > "$work/policy.toml"
   if [[ -n "${CONN_REFUSED:-}" ]]; then
     printf '[server.connections]\nper_network = { capacity = 1, rate = "1/h" }\n' >> "$work/policy.toml"
   fi

@@ -261,8 +261,10 @@ impl<A: Answering> Listening<A> {
                 None => return,
             }
         };
-        let policy = &self.shared.runtime.load().policy;
-        let Some(_open) = super::edge::admit(&self.shared, policy, peer) else {
+        // The policy in force now, not held for the connection's life: a reload changes the
+        // next connection's limits, and a held guard would keep the old runtime alive.
+        let open = super::edge::admit(&self.shared, &self.shared.runtime.load().policy, peer);
+        let Some(_open) = open else {
             quic.close(code(h3::error::Code::H3_EXCESSIVE_LOAD), b"");
             return;
         };

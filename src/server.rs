@@ -2,7 +2,8 @@
 //! (keep-alive, upgrades) and HTTP/2 (ALPN, or h2c with prior knowledge) on the same port,
 //! enforce the connection-level guards (header read timeout, header size, idle timeout), and
 //! drain on shutdown. Plain bodyless HTTP/1.1 requests take the server's own path
-//! (`server/http1.rs`) unless `[server] http1 = "hyper"`; hyper serves everything else.
+//! (`server/http1.rs`) unless `[server] http1 = "hyper"`; hyper serves everything else. HTTP/3
+//! listens beside them on UDP (`server/http3.rs`).
 
 use std::net::SocketAddr;
 use std::pin::pin;
@@ -120,29 +121,7 @@ pub(crate) async fn listen(
         );
         listeners.spawn(serving);
     }
-    let mut quic = Vec::new();
-    if let Some(settings) = &policy.server.http3 {
-        for address in &settings.listen {
-            let listener = http3::bind(*address, shared, &policy.server, settings)?;
-            let bound = listener.address;
-            quic.push(bound);
-            if shared.alt_svc.get().is_none() {
-                let advertised = format!("h3=\":{}\"; ma=86400", bound.port());
-                let _ = shared
-                    .alt_svc
-                    .set(http::HeaderValue::from_str(&advertised).expect("a valid Alt-Svc"));
-            }
-            tracing::info!(address = %bound, "listening for HTTP/3 (QUIC)");
-            listeners.spawn(http3::serve(
-                listener,
-                shared.clone(),
-                gateway.clone(),
-                policy.server.clone(),
-                settings.clone(),
-                shutdown.clone(),
-            ));
-        }
-    }
+    let quic = http3::listen(policy, shared, &gateway, listeners, shutdown)?;
     let Some(decision) = &policy.decision else {
         return Ok(Bound {
             proxy,

@@ -16,7 +16,7 @@ use http::{header, HeaderValue, Method, Request, StatusCode};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Http3Settings, ServerSettings};
+use crate::config::{Http3Settings, Policy, ServerSettings};
 use crate::connection::{Answering, Connection};
 use crate::errors::StartError;
 use crate::request_body::{QuicBody, RequestBody};
@@ -37,8 +37,44 @@ const CLOSE_AFTER_DRAIN: Duration = Duration::from_secs(1);
 /// `Early-Data` (RFC 8470), on requests forwarded before the client's handshake completed.
 static EARLY_DATA: header::HeaderName = header::HeaderName::from_static("early-data");
 
+/// Binds `[server.http3]`'s UDP listeners and serves each as a task of `listeners` until
+/// `shutdown`; the TCP TLS listeners then advertise the first in `Alt-Svc`. The bound
+/// addresses.
+pub(crate) fn listen<A: Answering>(
+    policy: &Policy,
+    shared: &Arc<Shared>,
+    answering: &A,
+    listeners: &TaskTracker,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Vec<SocketAddr>, StartError> {
+    let Some(settings) = &policy.server.http3 else {
+        return Ok(Vec::new());
+    };
+    let mut bound = Vec::new();
+    for address in &settings.listen {
+        let listener = bind(*address, shared, &policy.server, settings)?;
+        bound.push(listener.address);
+        if shared.alt_svc.get().is_none() {
+            let advertised = format!("h3=\":{}\"; ma=86400", listener.address.port());
+            let _ = shared
+                .alt_svc
+                .set(HeaderValue::from_str(&advertised).expect("a valid Alt-Svc"));
+        }
+        tracing::info!(address = %listener.address, "listening for HTTP/3 (QUIC)");
+        listeners.spawn(serve(
+            listener,
+            shared.clone(),
+            answering.clone(),
+            policy.server.clone(),
+            settings.clone(),
+            shutdown.clone(),
+        ));
+    }
+    Ok(bound)
+}
+
 /// A UDP socket on `address` serving QUIC with the current certificates.
-pub(crate) fn bind(
+fn bind(
     address: SocketAddr,
     shared: &Shared,
     settings: &ServerSettings,
@@ -74,11 +110,11 @@ pub(crate) fn bind(
 }
 
 /// A bound UDP listener.
-pub(crate) struct QuicListener {
+struct QuicListener {
     endpoint: quinn::Endpoint,
     /// What its socket keeps of new connections' Initials, for their JA4.
     initials: Arc<KeptInitials>,
-    pub(crate) address: SocketAddr,
+    address: SocketAddr,
 }
 
 /// QUIC's configuration for the certificates `tls` serves: no migration, the server's idle
@@ -117,7 +153,7 @@ struct Listening<A> {
 
 /// Accepts QUIC connections until shutdown; each is a task of the gateway's tracker. After
 /// shutdown the endpoint takes no new connection; those open finish their requests.
-pub(crate) async fn serve<A: Answering>(
+async fn serve<A: Answering>(
     QuicListener {
         endpoint, initials, ..
     }: QuicListener,

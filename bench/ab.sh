@@ -6,9 +6,12 @@
 #
 #   bench/ab.sh BASELINE_BINARY                  # A = BASELINE_BINARY, B = ./target/release/tollgate
 #   BENCH_DURATION=8 BENCH_ROUNDS=5 bench/ab.sh /tmp/before/target/release/tollgate
+#   STORE=redis bench/ab.sh BASELINE_BINARY      # rows 4 and 5 (the Redis store, a private
+#                                                # redis-server on CPU 0) instead of 4 and 6b
 #
 # Per row and build: the median over the rounds of requests/s and the gateway's CPU µs per
-# request (user + system from /proc/PID/stat), then B ÷ A per round and its median. Load
+# request (user + system from /proc/PID/stat), then B ÷ A per round and its median (with
+# STORE=redis, also each build's row 5 ÷ row 4 in requests/s, per round). Load
 # generator and upstream on CPU 0, the gateway on CPU 1, as in bench/run.sh. Everything
 # started here is stopped by PID.
 set -euo pipefail
@@ -28,23 +31,44 @@ cargo build --release --quiet --bin tollgate --example fast_upstream
 
 start_fast_upstream
 
-# run BINARY CAPACITY RATE: one gateway, one wrk run; prints "requests/s cpu_us".
+rows=("4:1000000000000:1000000000/s" "6b:1:1/h")
+redis_section=""
+if [[ "${STORE:-memory}" == redis ]]; then
+  need_tools redis-server
+  redis_port=$(free_port)
+  taskset -c 0 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$work" >/dev/null 2>&1 &
+  redis_pid=$!
+  pids+=("$redis_pid")
+  wait_for_port "$redis_port"
+  redis_section="[store]
+backend = \"redis\"
+url = \"redis://127.0.0.1:$redis_port\""
+  rows=("4:1000000000000:1000000000/s" "5:1000000000000:1000000000/s")
+fi
+
+# run BINARY CAPACITY RATE ROW: one gateway, one wrk run; prints "requests/s cpu_us".
 run() {
-  local port admin
+  local port admin store=""
   port=$(free_port)
   admin=$(free_port)
-  three_limit_policy "$port" "$admin" "$upstream_port" "" "$2" "$3" > "$work/policy.toml"
-  measure_gateway "$1" "$work/policy.toml" "$port" -H 'x-user-id: bench-user'
+  [[ $4 == 5 ]] && store=$redis_section
+  three_limit_policy "$port" "$admin" "$upstream_port" "$store" "$2" "$3" > "$work/policy.toml"
+  if [[ $4 == 5 ]]; then
+    ALSO_PID=$redis_pid measure_gateway "$1" "$work/policy.toml" "$port" -H 'x-user-id: bench-user'
+  else
+    measure_gateway "$1" "$work/policy.toml" "$port" -H 'x-user-id: bench-user'
+  fi
 }
 
 : > "$work/ab"
 for round in $(seq 1 "$ROUNDS"); do
-  for row in "4:1000000000000:1000000000/s" "6b:1:1/h"; do
+  for row in "${rows[@]}"; do
     IFS=: read -r name capacity rate <<<"$row"
     for build in A B; do
       binary=$baseline
       [[ $build == B ]] && binary=./target/release/tollgate
-      result=$(run "$binary" "$capacity" "$rate")
+      result=$(run "$binary" "$capacity" "$rate" "$name")
       echo "$round $name $build $result" | tee -a "$work/ab" >&2
     done
   done
@@ -54,8 +78,9 @@ python3 - "$work/ab" <<'PY'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    round_, name, build, rps, cpu = line.split()
-    rows.setdefault(name, {}).setdefault(build, []).append((int(round_), float(rps), float(cpu)))
+    round_, name, build, rps, cpu, *redis = line.split()
+    rows.setdefault(name, {}).setdefault(build, []).append(
+        (int(round_), float(rps), float(cpu), *map(float, redis)))
 print("| row | A requests/s | B requests/s | A CPU µs/req | B CPU µs/req | B ÷ A CPU (per round) | B ÷ A CPU, median |")
 print("|---|---:|---:|---:|---:|---|---:|")
 for name, builds in rows.items():
@@ -64,4 +89,11 @@ for name, builds in rows.items():
     print(f"| {name} | {statistics.median(x[1] for x in a):,.0f} | {statistics.median(x[1] for x in b):,.0f} "
           f"| {statistics.median(x[2] for x in a):.2f} | {statistics.median(x[2] for x in b):.2f} "
           f"| {', '.join(f'{r:.3f}' for r in ratios)} | {statistics.median(ratios):.3f} |")
+if "5" in rows:
+    for build in "AB":
+        ratios = [five[1] / four[1] for four, five in zip(rows["4"][build], rows["5"][build])]
+        redis_cpu = statistics.median(five[3] for five in rows["5"][build])
+        print(f"{build}: row 5 ÷ row 4, requests/s: {', '.join(f'{r:.2f}' for r in ratios)} "
+              f"(median {statistics.median(ratios):.2f}); Redis CPU µs per request, median "
+              f"{redis_cpu:.2f}")
 PY

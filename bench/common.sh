@@ -115,9 +115,10 @@ need_tools() {
 # measure_gateway BINARY POLICY PORT [WRK_ARGUMENTS...]: runs BINARY with one worker thread on CPU 1
 # with POLICY (listening on PORT), warms it up for 2 s, then drives it with wrk on CPU 0 for
 # $DURATION s over $CONNECTIONS connections; prints "requests/s cpu_us_per_request" (the
-# gateway's user + system time from /proc/PID/stat) and stops the gateway.
+# gateway's user + system time from /proc/PID/stat) and stops the gateway. With ALSO_PID set
+# (a Redis server, say), that process's CPU µs per request over the same seconds follows.
 measure_gateway() {
-  local binary=$1 policy=$2 port=$3 pid before after output requests rps
+  local binary=$1 policy=$2 port=$3 pid before after output requests rps also_before also=0
   shift 3
   RUST_LOG=warn TOLLGATE_HASH_KEY=bench-secret-0123456789 taskset -c 1 \
     "$binary" --worker-threads 1 run --config "$policy" >/dev/null 2>&1 &
@@ -127,15 +128,18 @@ measure_gateway() {
   taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d2s "$@" "http://127.0.0.1:$port/" >/dev/null
   read -r -a stat < "/proc/$pid/stat"
   before=$((stat[13] + stat[14]))
+  [[ -n "${ALSO_PID:-}" ]] && also_before=$(cpu_ticks "$ALSO_PID")
   output=$(taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "$@" "http://127.0.0.1:$port/")
   read -r -a stat < "/proc/$pid/stat"
   after=$((stat[13] + stat[14]))
+  [[ -n "${ALSO_PID:-}" ]] && also=$(($(cpu_ticks "$ALSO_PID") - also_before))
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   requests=$(awk '/requests in/ {print $1}' <<<"$output")
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$output")
   awk -v r="$rps" -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" \
-    'BEGIN {printf "%s %.3f\n", r, t * 1e6 / hz / n}'
+    -v also="${ALSO_PID:+$also}" \
+    'BEGIN {printf "%s %.3f", r, t * 1e6 / hz / n; if (also != "") printf " %.3f", also * 1e6 / hz / n; print ""}'
 }
 
 # cpu_ticks PID: the process's user + system time so far, in clock ticks.

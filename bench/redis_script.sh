@@ -12,8 +12,12 @@
 #                                            # had no ban rule field (git show 9b454dc:src/...)
 #   BAN=1 bench/redis_script.sh              # the first bucket has a ban rule (never refused:
 #                                            # its ban key is read, nothing more)
+#   ARGUMENTS=u32 bench/redis_script.sh old.lua  # one from before runs, whose requests began
+#                                            # with a u32 shape index (git show d8195ab:src/...)
 #   BATCH=8 bench/redis_script.sh            # 8 requests on the same buckets per call, as
 #                                            # the gateway batches them under load
+#   RUNS=1 BATCH=8 bench/redis_script.sh     # the 8 sent as one run of identical requests, as
+#                                            # the gateway sends one client's requests in a row
 #   BUCKETS=1 bench/redis_script.sh          # one-bucket decisions (1 to 3; default 3)
 #   FUNCTION=1 bench/redis_script.sh         # the same script loaded as a Redis function
 #                                            # (FUNCTION LOAD) and called with FCALL
@@ -41,27 +45,39 @@ if [[ ! "$buckets" =~ ^[1-3]$ ]]; then
   echo "bench: BUCKETS=$buckets: 1, 2 or 3" >&2
   exit 1
 fi
+if [[ -n "${RUNS:-}" && ( -n "${BAN:-}" || "${ARGUMENTS:-binary}" != binary ) ]]; then
+  echo "bench: RUNS=1 needs the current arguments and no BAN (a ban is decided request by request)" >&2
+  exit 1
+fi
 
 # calls_stream SHA N: N calls in RESP, each of BATCH requests on the same BUCKETS buckets
 # (capacity 10^12, 10^9 tokens a second: every request admitted and charged), no deadline.
 calls_stream() {
-  python3 - "$1" "$2" "$batch" "$buckets" "${ARGUMENTS:-binary}" "${BAN:-}" "${FUNCTION:+function}" <<'PY'
+  python3 - "$1" "$2" "$batch" "$buckets" "${ARGUMENTS:-binary}" "${BAN:-}" "${RUNS:-}" \
+    "${FUNCTION:+function}" <<'PY'
 import struct, sys
 sha, calls, batch, buckets, form = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-ban = sys.argv[6] == '1'
-call = [b'FCALL', b'decide'] if sys.argv[7:] == ['function'] else [b'EVALSHA', sha.encode()]
+ban, runs = sys.argv[6] == '1', sys.argv[7] == '1'
+call = [b'FCALL', b'decide'] if sys.argv[8:] == ['function'] else [b'EVALSHA', sha.encode()]
 keys = [b'{bench}per_network:v4:127.0.0.1/32', b'{bench}per_user:h:0fa000000000000000000000000000ff',
         b'{bench}everyone:global'][:buckets]
 # Per bucket: capacity, rate, cost, enforce, adaptive factor (0: none), adaptive minimum.
 bucket = [1e12, 1e9, 1, 1, 0, 0]
-if form == 'binary':
+if form in ('binary', 'u32'):
     # Each bucket's doubles, then its ban rule: after (0: none), within and duration (µs).
     rules = [struct.pack('<I2d', 5, 60e6, 900e6) if ban and i == 0 else struct.pack('<I', 0)
              for i in range(buckets)]
     blob = struct.pack('<dII', 0, 1, buckets) + b''.join(struct.pack('<6d', *bucket) + rule for rule in rules)
-    # Per request: the shape, then each bucket's key, the banned bucket's followed by its ban key's.
+    # Per request: the shape (and how many requests in a row it stands for), then each bucket's
+    # key, the banned bucket's followed by its ban key's.
     indexes = [1] + ([buckets + 1] if ban else []) + list(range(2, buckets + 1))
-    blob += (struct.pack('<I', 1) + b''.join(struct.pack('<I', i) for i in indexes)) * batch
+    keys_of_one = b''.join(struct.pack('<I', i) for i in indexes)
+    if form == 'u32':
+        blob += (struct.pack('<I', 1) + keys_of_one) * batch
+    elif runs:
+        blob += struct.pack('<HH', 1, batch) + keys_of_one
+    else:
+        blob += (struct.pack('<HH', 1, 1) + keys_of_one) * batch
     arguments = [blob]
     if ban:
         keys.append(b'{bench}per_network:v4:127.0.0.1/32|ban')

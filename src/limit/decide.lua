@@ -13,11 +13,12 @@
 --   end of the period the gateway's clock is in and the end of the next one (Unix seconds).
 --   Concurrency slots have capacity the number of slots, rate the lease in milliseconds. After
 --   each bucket's doubles, its ban rule: `after` (u32; 0: none), and when there is one, within
---   and duration (doubles, microseconds). Then per request: the index of its shape (u32), then
---   for each of the shape's buckets the index of its key in KEYS (u32), followed for a bucket
---   with a ban rule by the index of its ban key, then, if the shape has slots, the length (u32)
---   and bytes of the request's lease name. Requests of one route share a shape: its numbers are sent, and read,
---   once per batch.
+--   and duration (doubles, microseconds). Then per request: the index of its shape and how
+--   many identical requests in a row it stands for (u16 each; a run of more than one only for
+--   a shape without slots, bans or booking), then for each of the shape's buckets the index of
+--   its key in KEYS (u32), followed for a bucket with a ban rule by the index of its ban key,
+--   then, if the shape has slots, the length (u32) and bytes of the request's lease name.
+--   Requests of one route share a shape: its numbers are sent, and read, once per batch.
 -- State per bucket: one string of little-endian doubles (key_admin.rs reads it for a person):
 -- tokens and ts, the Redis server's time in microseconds, then for keys of adaptive limits
 -- level, hold and keep and the times of recent errors, written by outcome.lua. A quota's is
@@ -47,7 +48,11 @@
 -- booked the tokens it lacked (it waits for them), plus 16 if this refusal began a ban, plus 2
 -- if the key is under an adaptive penalty, in which case the multiplier follows (a double),
 -- plus 8 if the key is banned (the request was refused for it), in which case the seconds of
--- ban left follow (a double); the requests one after another.
+-- ban left follow (a double); the requests one after another. A run of identical requests
+-- is replied as how many of them were admitted (a byte: the first ones, since a refusal leaves
+-- the next one the same buckets), then per bucket its tokens before the first (a double) and a
+-- byte, 2 when the multiplier follows (a double), else 0: the gateway replays the run's
+-- arithmetic, which is cheaper for it than for this script to reply per request.
 --
 -- This runs inside Redis for every batch, so it is written for Redis's CPU: library functions
 -- held in locals, comparisons instead of math.min/max calls, flat tables, and strings from
@@ -96,6 +101,8 @@ for s = 1, shape_count do
     elseif enforce >= 0 then
       enforce = enforce == 1
     end
+    -- Slots, bans and booking are decided request by request, never as a run.
+    if after > 0 or type(enforce) ~= 'boolean' then shape.single = true end
     shape[to + 1], shape[to + 2], shape[to + 3], shape[to + 4] = capacity, rate, cost, enforce
     if rate == 0 then
       -- A quota counts in the period the server's clock is in, of the two the gateway named.
@@ -131,8 +138,8 @@ local reply, replied = { pack('<dB', now, 0), '', '', '', '' }, 1
 local size = #arguments
 
 while pos <= size do
-  local shape_index
-  shape_index, pos = unpack('<I4', arguments, pos)
+  local shape_index, run
+  shape_index, run, pos = unpack('<HH', arguments, pos)
   local shape = shapes[shape_index]
   local count = shape[1]
   local admitted = true
@@ -245,60 +252,102 @@ while pos <= size do
     pos = pos + length
   end
 
-  replied = replied + 1
-  reply[replied] = admitted and '\1' or '\0'
-  for i = 1, count do
-    local base = (i - 1) * 8
-    local entry, tokens = state[base + 1], state[base + 2]
-    local sufficient, booked = state[base + 7], state[base + 8]
-    if entry[2] == 'lease' then
-      if admitted then
-        local key, lease = KEYS[entry[3]], state[base + 4]
-        call('ZADD', key, now_ms + lease, lease_name)
-        call('PEXPIRE', key, lease + 1000)
-        entry[1], tokens = entry[1] + 1, tokens - 1
-      end
-      replied = replied + 1
-      reply[replied] = pack('<dB', tokens, sufficient and 1 or 0)
-    elseif admitted and (sufficient or booked) then
-      tokens = tokens - state[base + 6]
-      entry[6], entry[7], entry[9] = state[base + 3], tokens, state[base + 4]
-    end
-    if entry[2] ~= 'lease' then
-      -- What the next request of the batch finds in this bucket: no time passes in between.
-      entry[1] = tokens
+  if run > 1 and shape.single then
+    return redis.error_reply('tollgate: a run of requests whose buckets take slots, ban or book')
+  elseif run > 1 then
+    -- Identical requests in a row: each bucket is charged as the requests one after another
+    -- would charge it (the same subtractions), until one is refused, and with it the rest.
+    replied = replied + 1
+    local counted = replied
+    for i = 1, count do
+      local base = (i - 1) * 8
       local multiplier = state[base + 5]
       replied = replied + 1
-      local flags = sufficient and 1 or (admitted and booked and 4 or 0)
-      local left = false
-      if rules and bans[i] then
-        local ban, enforce = bans[i], shape[(i - 1) * 6 + 5]
-        if banned then
-          if ban[4] > now and enforce ~= false then left = (ban[4] - now) / 1000000 end
-        elseif flags == 0 and (not admitted or enforce == false) and ban[4] <= now then
-          -- A refusal by this bucket: counted in its window, the `after`-th bans the key.
-          local rule = rules[i]
-          if ban[1] == 0 or now >= ban[3] + rule[2] then
-            ban[1], ban[3] = 0, now
-          end
-          ban[1] = ban[1] + 1
-          if ban[1] >= rule[1] then
-            ban[1], ban[4] = 0, now + rule[3]
-            flags = flags + 16
-          end
-          ban[5] = rule
+      if multiplier == 1 then
+        reply[replied] = pack('<dB', state[base + 2], 0)
+      else
+        reply[replied] = pack('<dBd', state[base + 2], 2, multiplier)
+      end
+    end
+    local taken = 0
+    while admitted and taken < run do
+      taken = taken + 1
+      for i = 1, count do
+        local base = (i - 1) * 8
+        local tokens = state[base + 2]
+        if tokens >= state[base + 6] then
+          tokens = tokens - state[base + 6]
+          state[base + 2] = tokens
+          local entry = state[base + 1]
+          entry[6], entry[7], entry[9] = state[base + 3], tokens, state[base + 4]
         end
       end
-      if multiplier == 1 then
-        if left then
-          reply[replied] = pack('<dBd', tokens, flags + 8, left)
-        else
-          reply[replied] = pack('<dB', tokens, flags)
+      for i = 1, count do
+        local base = (i - 1) * 8
+        if state[base + 2] < state[base + 6] and shape[(i - 1) * 6 + 5] then admitted = false end
+      end
+    end
+    for i = 1, count do
+      local base = (i - 1) * 8
+      state[base + 1][1] = state[base + 2]
+    end
+    reply[counted] = pack('B', taken)
+  else
+    replied = replied + 1
+    reply[replied] = admitted and '\1' or '\0'
+    for i = 1, count do
+      local base = (i - 1) * 8
+      local entry, tokens = state[base + 1], state[base + 2]
+      local sufficient, booked = state[base + 7], state[base + 8]
+      if entry[2] == 'lease' then
+        if admitted then
+          local key, lease = KEYS[entry[3]], state[base + 4]
+          call('ZADD', key, now_ms + lease, lease_name)
+          call('PEXPIRE', key, lease + 1000)
+          entry[1], tokens = entry[1] + 1, tokens - 1
         end
-      elseif left then
-        reply[replied] = pack('<dBdd', tokens, flags + 10, multiplier, left)
-      else
-        reply[replied] = pack('<dBd', tokens, flags + 2, multiplier)
+        replied = replied + 1
+        reply[replied] = pack('<dB', tokens, sufficient and 1 or 0)
+      elseif admitted and (sufficient or booked) then
+        tokens = tokens - state[base + 6]
+        entry[6], entry[7], entry[9] = state[base + 3], tokens, state[base + 4]
+      end
+      if entry[2] ~= 'lease' then
+        -- What the next request of the batch finds in this bucket: no time passes in between.
+        entry[1] = tokens
+        local multiplier = state[base + 5]
+        replied = replied + 1
+        local flags = sufficient and 1 or (admitted and booked and 4 or 0)
+        local left = false
+        if rules and bans[i] then
+          local ban, enforce = bans[i], shape[(i - 1) * 6 + 5]
+          if banned then
+            if ban[4] > now and enforce ~= false then left = (ban[4] - now) / 1000000 end
+          elseif flags == 0 and (not admitted or enforce == false) and ban[4] <= now then
+            -- A refusal by this bucket: counted in its window, the `after`-th bans the key.
+            local rule = rules[i]
+            if ban[1] == 0 or now >= ban[3] + rule[2] then
+              ban[1], ban[3] = 0, now
+            end
+            ban[1] = ban[1] + 1
+            if ban[1] >= rule[1] then
+              ban[1], ban[4] = 0, now + rule[3]
+              flags = flags + 16
+            end
+            ban[5] = rule
+          end
+        end
+        if multiplier == 1 then
+          if left then
+            reply[replied] = pack('<dBd', tokens, flags + 8, left)
+          else
+            reply[replied] = pack('<dB', tokens, flags)
+          end
+        elseif left then
+          reply[replied] = pack('<dBdd', tokens, flags + 10, multiplier, left)
+        else
+          reply[replied] = pack('<dBd', tokens, flags + 2, multiplier)
+        end
       end
     end
   end

@@ -71,6 +71,12 @@ impl BucketArguments {
         self.lease
     }
 
+    /// Whether identical requests of this bucket may be decided as a run: slots, bans and
+    /// booking are decided one request at a time.
+    fn runs(&self) -> bool {
+        matches!(self.enforce_code(), 0.0 | 1.0) && self.ban.is_none()
+    }
+
     /// `decide.lua`'s enforce number: 1, 0 for shadow, 2 for concurrency slots, or for a
     /// delaying bucket the (negative) tokens it may book down to.
     fn enforce_code(&self) -> f64 {
@@ -125,18 +131,33 @@ impl BucketReply {
 
 /// One `decide.lua` call being put together: each key is sent once, and so is each shape (the
 /// numbers of a request's buckets, the same for every request of a route); a request is its
-/// shape's index and its keys' indexes.
+/// shape's index and its keys' indexes. Identical requests in a row (one client's burst, a
+/// flood) are sent as one entry and a count, and decided by the script as a run: Redis's work
+/// for each further request is a few subtractions instead of the whole per-request step.
 pub(super) struct DecideCall<'a> {
     /// The requests' keys, and the ban keys named after those of buckets with a ban rule.
     keys: Vec<Cow<'a, str>>,
     key_indexes: HashMap<Cow<'a, str>, usize, foldhash::fast::RandomState>,
     shapes: Vec<&'a [BucketArguments]>,
-    /// Per request: its shape's index, then its keys' indexes (all 1-based, as Lua counts),
-    /// then the name of its leases if its shape has slots.
-    requests: Vec<RequestArgument<'a>>,
-    /// Buckets per request, to read the reply.
-    bucket_counts: Vec<usize>,
+    /// The entries' arguments after their shape: keys' indexes (1-based, as Lua counts), then
+    /// the name of the leases if the shape has slots.
+    arguments: Vec<RequestArgument<'a>>,
+    entries: Vec<Entry>,
 }
+
+/// One request, or a run of identical ones, in a call.
+#[derive(Debug, Clone)]
+struct Entry {
+    /// The index of its shape in the call's shapes (0-based).
+    shape: usize,
+    /// The requests it stands for: more than one only for a shape whose buckets `runs()`.
+    run: usize,
+    /// Its arguments, in the call's `arguments`.
+    arguments: std::ops::Range<usize>,
+}
+
+/// Requests in a run at most: the reply counts the admitted ones in a byte.
+const MAX_RUN: usize = 255;
 
 impl<'a> DecideCall<'a> {
     /// A call for `requests` requests, its lists sized for them (and for four buckets each):
@@ -146,19 +167,25 @@ impl<'a> DecideCall<'a> {
             keys: Vec::with_capacity(4),
             key_indexes: HashMap::with_capacity_and_hasher(4, Default::default()),
             shapes: Vec::with_capacity(1),
-            requests: Vec::with_capacity(requests * 5),
-            bucket_counts: Vec::with_capacity(requests),
+            arguments: Vec::with_capacity(requests * 4),
+            entries: Vec::with_capacity(requests),
         }
     }
 
     /// Adds a request: its buckets' keys and numbers, in the same order, and the name of its
     /// leases when the shape has concurrency slots.
-    pub(super) fn push(
-        &mut self,
-        keys: impl IntoIterator<Item = &'a str>,
-        shape: &'a [BucketArguments],
-        lease: Option<&'a str>,
-    ) {
+    pub(super) fn push<K>(&mut self, keys: K, shape: &'a [BucketArguments], lease: Option<&'a str>)
+    where
+        K: IntoIterator<Item = &'a str>,
+        K::IntoIter: Clone,
+    {
+        let keys = keys.into_iter();
+        if lease.is_none() && self.repeats_last(keys.clone(), shape) {
+            if let Some(last) = self.entries.last_mut() {
+                last.run += 1;
+                return;
+            }
+        }
         let shape_index = match self.shapes.iter().position(|known| *known == shape) {
             Some(index) => index,
             None => {
@@ -166,24 +193,46 @@ impl<'a> DecideCall<'a> {
                 self.shapes.len() - 1
             }
         };
-        self.requests.push(RequestArgument::Index(shape_index + 1));
+        let start = self.arguments.len();
         let mut pushed = 0;
         for (key, bucket) in keys.into_iter().zip(shape) {
             let index = self.key_index(Cow::Borrowed(key));
-            self.requests.push(RequestArgument::Index(index));
+            self.arguments.push(RequestArgument::Index(index));
             if bucket.ban.is_some() {
                 let index = self.key_index(Cow::Owned(ban_key(key)));
-                self.requests.push(RequestArgument::Index(index));
+                self.arguments.push(RequestArgument::Index(index));
             }
             pushed += 1;
         }
         debug_assert_eq!(pushed, shape.len(), "a key per bucket");
         if shape.iter().any(BucketArguments::is_lease) {
             debug_assert!(lease.is_some(), "slots are taken in a lease's name");
-            self.requests
+            self.arguments
                 .push(RequestArgument::Lease(lease.unwrap_or_default()));
         }
-        self.bucket_counts.push(shape.len());
+        self.entries.push(Entry {
+            shape: shape_index,
+            run: 1,
+            arguments: start..self.arguments.len(),
+        });
+    }
+
+    /// Whether a request of `keys` and `shape` is the last entry's request again, and so
+    /// joins its run. The keys are compared where they lie, before any is hashed.
+    fn repeats_last(&self, keys: impl Iterator<Item = &'a str>, shape: &[BucketArguments]) -> bool {
+        let Some(last) = self.entries.last() else {
+            return false;
+        };
+        // A shape that runs has one argument per bucket: its key's index.
+        last.run < MAX_RUN
+            && self.shapes[last.shape] == shape
+            && shape.iter().all(BucketArguments::runs)
+            && keys
+                .zip(&self.arguments[last.arguments.clone()])
+                .all(|(key, argument)| match argument {
+                    RequestArgument::Index(index) => self.keys[index - 1] == key,
+                    RequestArgument::Lease(_) => false,
+                })
     }
 
     /// The 1-based index of `key` among the call's keys, added if new.
@@ -207,7 +256,8 @@ impl<'a> DecideCall<'a> {
                 .iter()
                 .map(|shape| 4 + 68 * shape.len())
                 .sum::<usize>()
-                + 8 * self.requests.len(),
+                + 4 * self.entries.len()
+                + 8 * self.arguments.len(),
         );
         arguments.extend_from_slice(&(deadline as f64).to_le_bytes());
         push_u32(&mut arguments, self.shapes.len());
@@ -236,12 +286,19 @@ impl<'a> DecideCall<'a> {
                 }
             }
         }
-        for value in &self.requests {
-            match value {
-                RequestArgument::Index(index) => push_u32(&mut arguments, *index),
-                RequestArgument::Lease(name) => {
-                    push_u32(&mut arguments, name.len());
-                    arguments.extend_from_slice(name.as_bytes());
+        for entry in &self.entries {
+            for number in [entry.shape + 1, entry.run] {
+                let number =
+                    u16::try_from(number).expect("a batch's shapes and runs fit in 16 bits");
+                arguments.extend_from_slice(&number.to_le_bytes());
+            }
+            for value in &self.arguments[entry.arguments.clone()] {
+                match value {
+                    RequestArgument::Index(index) => push_u32(&mut arguments, *index),
+                    RequestArgument::Lease(name) => {
+                        push_u32(&mut arguments, name.len());
+                        arguments.extend_from_slice(name.as_bytes());
+                    }
                 }
             }
         }
@@ -258,11 +315,9 @@ impl<'a> DecideCall<'a> {
         command
     }
 
-    /// Reads the reply: the server's time, a byte (1: the call was late, and nothing follows);
-    /// then per request, a byte for admitted, then per bucket the tokens after (a
-    /// little-endian double) and a byte: 1 sufficient, 4 booked, 0 neither, plus 16 when the
-    /// refusal began a ban, plus 2 when the adaptive multiplier (a double) follows, plus 8
-    /// when the key is banned and the seconds left (a double) follow.
+    /// Reads the reply, strictly: the server's time, a byte (1: the call was late, and nothing
+    /// follows); then per entry a request's reply (`read_request`) or a run's (`read_run`).
+    /// The replies come back one per request, runs worked out, in the order pushed.
     pub(super) fn parse_reply(&self, reply: &[u8]) -> Result<CallReply, StoreError> {
         let malformed = || StoreError::Reply(format!("{reply:?}"));
         let mut fields = ReplyReader(reply);
@@ -277,42 +332,15 @@ impl<'a> DecideCall<'a> {
             }
             _ => return Err(malformed()),
         }
-        let mut parsed = Vec::with_capacity(self.bucket_counts.len());
-        for count in &self.bucket_counts {
-            let admitted = match fields.byte().ok_or_else(malformed)? {
-                flag @ 0..=1 => flag == 1,
-                _ => return Err(malformed()),
-            };
-            let mut buckets = SmallVec::with_capacity(*count);
-            for _ in 0..*count {
-                let tokens = fields.number().ok_or_else(malformed)?;
-                let flags = fields.byte().ok_or_else(malformed)?;
-                let (sufficient, booked, ban_began) = match flags & !(2 | 8) {
-                    0 => (false, false, false),
-                    16 => (false, false, true),
-                    1 => (true, false, false),
-                    4 if admitted => (false, true, false),
-                    _ => return Err(malformed()),
-                };
-                let multiplier = match flags & 2 {
-                    0 => 1.0,
-                    _ => fields.number().ok_or_else(malformed)?,
-                };
-                let banned = match flags & 8 {
-                    0 => None,
-                    _ if admitted || ban_began => return Err(malformed()),
-                    _ => Some(fields.number().ok_or_else(malformed)?),
-                };
-                buckets.push(BucketReply {
-                    tokens,
-                    sufficient,
-                    booked,
-                    multiplier,
-                    banned,
-                    ban_began,
-                });
+        let requests = self.entries.iter().map(|entry| entry.run).sum();
+        let mut parsed = Vec::with_capacity(requests);
+        for entry in &self.entries {
+            let shape = self.shapes[entry.shape];
+            if entry.run == 1 {
+                parsed.push(read_request(&mut fields, shape.len()).ok_or_else(malformed)?);
+            } else {
+                read_run(&mut fields, shape, entry.run, &mut parsed).ok_or_else(malformed)?;
             }
-            parsed.push(RequestReply { admitted, buckets });
         }
         if !fields.0.is_empty() {
             return Err(malformed());
@@ -357,6 +385,105 @@ pub(super) fn read_late_reply(
             late == 1
         })
     }
+}
+
+/// One request's reply: a byte for admitted, then per bucket the tokens after (a
+/// little-endian double) and a byte: 1 sufficient, 4 booked, 0 neither, plus 16 when the
+/// refusal began a ban, plus 2 when the adaptive multiplier (a double) follows, plus 8 when
+/// the key is banned and the seconds left (a double) follow. `None` if it is not one.
+fn read_request(fields: &mut ReplyReader<'_>, buckets: usize) -> Option<RequestReply> {
+    let admitted = match fields.byte()? {
+        flag @ 0..=1 => flag == 1,
+        _ => return None,
+    };
+    let mut replies = SmallVec::with_capacity(buckets);
+    for _ in 0..buckets {
+        let tokens = fields.number()?;
+        let flags = fields.byte()?;
+        let (sufficient, booked, ban_began) = match flags & !(2 | 8) {
+            0 => (false, false, false),
+            16 => (false, false, true),
+            1 => (true, false, false),
+            4 if admitted => (false, true, false),
+            _ => return None,
+        };
+        let multiplier = match flags & 2 {
+            0 => 1.0,
+            _ => fields.number()?,
+        };
+        let banned = match flags & 8 {
+            0 => None,
+            _ if admitted || ban_began => return None,
+            _ => Some(fields.number()?),
+        };
+        replies.push(BucketReply {
+            tokens,
+            sufficient,
+            booked,
+            multiplier,
+            banned,
+            ban_began,
+        });
+    }
+    Some(RequestReply {
+        admitted,
+        buckets: replies,
+    })
+}
+
+/// A run of `run` identical requests' reply: how many were admitted (a byte: the first ones),
+/// then per bucket its tokens before the first (a double) and a byte, 2 when the multiplier
+/// (a double) follows, else 0. Each request's reply is worked out as `decide.lua` charged
+/// them, one after another, and pushed to `parsed`; `None` if the reply is not one, or
+/// contradicts itself (an admitted request that a bucket could not pay for, or a refusal
+/// that every bucket could).
+fn read_run(
+    fields: &mut ReplyReader<'_>,
+    shape: &[BucketArguments],
+    run: usize,
+    parsed: &mut Vec<RequestReply>,
+) -> Option<()> {
+    let admitted = usize::from(fields.byte()?);
+    if admitted > run {
+        return None;
+    }
+    let mut buckets: SmallVec<[BucketReply; 4]> = SmallVec::with_capacity(shape.len());
+    for _ in shape {
+        let tokens = fields.number()?;
+        let multiplier = match fields.byte()? {
+            0 => 1.0,
+            2 => fields.number()?,
+            _ => return None,
+        };
+        buckets.push(BucketReply {
+            tokens,
+            sufficient: false,
+            booked: false,
+            multiplier,
+            banned: None,
+            ban_began: false,
+        });
+    }
+    for index in 0..run {
+        let admit = index < admitted;
+        let mut payable = true;
+        for (bucket, arguments) in buckets.iter_mut().zip(shape) {
+            bucket.sufficient = bucket.tokens >= arguments.cost;
+            payable &= bucket.sufficient || !arguments.enforce;
+            if admit && bucket.sufficient {
+                bucket.tokens -= arguments.cost;
+            }
+        }
+        // Only the first refusal can tell: the ones after it find the same buckets.
+        if payable != admit && (admit || index == admitted) {
+            return None;
+        }
+        parsed.push(RequestReply {
+            admitted: admit,
+            buckets: buckets.clone(),
+        });
+    }
+    Some(())
 }
 
 /// One of a request's arguments after its shape.

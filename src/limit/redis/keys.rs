@@ -39,7 +39,7 @@ impl StoreKeys {
         self.ends.len()
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &str> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &str> + Clone {
         (0..self.ends.len()).map(|index| &self[index])
     }
 }

@@ -26,7 +26,8 @@ fn bucket_reply(tokens: f64, sufficient: bool, booked: bool, multiplier: f64) ->
 }
 
 /// The command's arguments before the binary one, and that one spelled as text: numbers
-/// (u32 counts and indexes, doubles) and lease names, read as `decide.lua` reads it.
+/// (u32 counts and indexes, u16 shape indexes, doubles), a run's length as `xN`, and lease
+/// names, read as `decide.lua` reads it.
 fn arguments(command: &redis::Cmd) -> (Vec<String>, String) {
     let mut arguments: Vec<Vec<u8>> = command
         .args_iter()
@@ -72,9 +73,14 @@ fn arguments(command: &redis::Cmd) -> (Vec<String>, String) {
         }
         shapes.push((bans, leases));
     }
+    let u16_of = |bytes: Vec<u8>| u16::from_le_bytes(bytes.try_into().unwrap()) as usize;
     while !rest.is_empty() {
-        let shape = u32_of(take(&mut rest, 4));
+        let shape = u16_of(take(&mut rest, 2));
         spelled.push(shape.to_string());
+        let run = u16_of(take(&mut rest, 2));
+        if run > 1 {
+            spelled.push(format!("x{run}"));
+        }
         let (bans, leases) = &shapes[shape - 1];
         for banned in bans {
             spelled.push(u32_of(take(&mut rest, 4)).to_string());
@@ -368,4 +374,136 @@ fn a_bucket_with_a_ban_rule_sends_its_ban_key_and_reads_its_ban() {
     assert_eq!(began_while_sufficient[at], 16);
     began_while_sufficient[at] = 17;
     assert!(call.parse_reply(&began_while_sufficient).is_err());
+}
+
+#[test]
+fn identical_requests_in_a_row_are_sent_as_a_run() {
+    let plain = [
+        bucket(5.0, 1.0),
+        BucketArguments {
+            enforce: false,
+            ..bucket(3.0, 1.0)
+        },
+    ];
+    let delaying = [BucketArguments {
+        debt: 2.0,
+        ..bucket(5.0, 1.0)
+    }];
+    let guarded = [BucketArguments {
+        ban: Some(Ban {
+            after: 3,
+            within: std::time::Duration::from_secs(60),
+            duration: std::time::Duration::from_secs(1),
+        }),
+        ..bucket(5.0, 1.0)
+    }];
+    let slots = [BucketArguments::lease(2, std::time::Duration::from_secs(1))];
+    let mut call = DecideCall::for_requests(16);
+    for _ in 0..3 {
+        call.push(["a", "s"], &plain, None);
+    }
+    call.push(["b", "s"], &plain, None);
+    call.push(["a", "s"], &plain, None);
+    call.push(["a", "s"], &plain, None);
+    for _ in 0..2 {
+        call.push(["a"], &delaying, None);
+        call.push(["a"], &delaying, None);
+        call.push(["a"], &guarded, None);
+        call.push(["x"], &slots, Some("one"));
+        call.push(["x"], &slots, Some("one"));
+    }
+    let (_, sent) = arguments(&call.command(&Script::new("return 1"), 0));
+    let requests = &sent[sent.find("1 x3").unwrap()..];
+    assert_eq!(
+        requests,
+        [
+            "1 x3 1 2 1 3 2 1 x2 1 2",
+            // Booking, bans and slots go request by request.
+            "2 1 2 1 3 1 4 4 5 one 4 5 one",
+            "2 1 2 1 3 1 4 4 5 one 4 5 one",
+        ]
+        .join(" ")
+    );
+}
+
+#[test]
+fn a_run_is_replied_as_its_admitted_count_and_is_replayed_request_by_request() {
+    let shape = [
+        bucket(5.0, 1.0),
+        BucketArguments {
+            enforce: false,
+            ..bucket(3.0, 1.0)
+        },
+    ];
+    let mut call = DecideCall::for_requests(5);
+    for _ in 0..4 {
+        call.push(["a", "s"], &shape, None);
+    }
+    call.push(["b", "s"], &shape, None);
+    let run_reply = |admitted: u8| {
+        [
+            double(1.7e15),
+            vec![0],
+            vec![admitted],
+            double(2.5),
+            vec![2],
+            double(0.5),
+            double(1.0),
+            vec![0],
+            // The request after the run: its own reply.
+            vec![0],
+            double(0.5),
+            vec![0],
+            double(0.0),
+            vec![0],
+        ]
+        .concat()
+    };
+    let requests = call.parse_reply(&run_reply(2)).unwrap().requests.unwrap();
+    let penalised = |tokens: f64, sufficient: bool| bucket_reply(tokens, sufficient, false, 0.5);
+    let expected = [
+        (
+            true,
+            penalised(1.5, true),
+            bucket_reply(0.0, true, false, 1.0),
+        ),
+        // The shadow bucket, empty, refuses nothing and is charged nothing.
+        (
+            true,
+            penalised(0.5, true),
+            bucket_reply(0.0, false, false, 1.0),
+        ),
+        (
+            false,
+            penalised(0.5, false),
+            bucket_reply(0.0, false, false, 1.0),
+        ),
+        (
+            false,
+            penalised(0.5, false),
+            bucket_reply(0.0, false, false, 1.0),
+        ),
+        (
+            false,
+            bucket_reply(0.5, false, false, 1.0),
+            bucket_reply(0.0, false, false, 1.0),
+        ),
+    ];
+    assert_eq!(requests.len(), expected.len());
+    for (reply, (admitted, first, second)) in requests.iter().zip(expected) {
+        assert_eq!(reply.admitted, admitted);
+        assert_eq!(reply.buckets[..], [first, second]);
+    }
+    for contradiction in [1, 3, 5] {
+        assert!(
+            call.parse_reply(&run_reply(contradiction)).is_err(),
+            "{contradiction} admitted of a run whose buckets pay for 2"
+        );
+    }
+    let mut bad_flag = run_reply(2);
+    bad_flag[18] = 1;
+    assert!(
+        call.parse_reply(&bad_flag).is_err(),
+        "a run's bucket flag is 0 or 2"
+    );
 }

@@ -126,12 +126,10 @@ measure_gateway() {
   pids+=("$pid")
   wait_for_port "$port"
   taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d2s "$@" "http://127.0.0.1:$port/" >/dev/null
-  read -r -a stat < "/proc/$pid/stat"
-  before=$((stat[13] + stat[14]))
+  before=$(cpu_ticks "$pid")
   [[ -n "${ALSO_PID:-}" ]] && also_before=$(cpu_ticks "$ALSO_PID")
   output=$(taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "$@" "http://127.0.0.1:$port/")
-  read -r -a stat < "/proc/$pid/stat"
-  after=$((stat[13] + stat[14]))
+  after=$(cpu_ticks "$pid")
   [[ -n "${ALSO_PID:-}" ]] && also=$(($(cpu_ticks "$ALSO_PID") - also_before))
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true

@@ -141,6 +141,9 @@ while pos <= size do
   local shape_index, run
   shape_index, run, pos = unpack('<HH', arguments, pos)
   local shape = shapes[shape_index]
+  if run > 1 and shape.single then
+    return redis.error_reply('tollgate: a run of requests whose buckets take slots, ban or book')
+  end
   local count = shape[1]
   local admitted = true
   local banned = false
@@ -252,9 +255,7 @@ while pos <= size do
     pos = pos + length
   end
 
-  if run > 1 and shape.single then
-    return redis.error_reply('tollgate: a run of requests whose buckets take slots, ban or book')
-  elseif run > 1 then
+  if run > 1 then
     -- Identical requests in a row: each bucket is charged as the requests one after another
     -- would charge it (the same subtractions), until one is refused, and with it the rest.
     replied = replied + 1

@@ -146,7 +146,7 @@ pub(super) struct DecideCall<'a> {
 }
 
 /// One request, or a run of identical ones, in a call.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Entry {
     /// The index of its shape in the call's shapes (0-based).
     shape: usize,
@@ -180,11 +180,8 @@ impl<'a> DecideCall<'a> {
         K::IntoIter: Clone,
     {
         let keys = keys.into_iter();
-        if lease.is_none() && self.repeats_last(keys.clone(), shape) {
-            if let Some(last) = self.entries.last_mut() {
-                last.run += 1;
-                return;
-            }
+        if lease.is_none() && self.joins_last_run(keys.clone(), shape) {
+            return;
         }
         let shape_index = match self.shapes.iter().position(|known| *known == shape) {
             Some(index) => index,
@@ -217,14 +214,18 @@ impl<'a> DecideCall<'a> {
         });
     }
 
-    /// Whether a request of `keys` and `shape` is the last entry's request again, and so
-    /// joins its run. The keys are compared where they lie, before any is hashed.
-    fn repeats_last(&self, keys: impl Iterator<Item = &'a str>, shape: &[BucketArguments]) -> bool {
+    /// Counts a request of `keys` and `shape` into the last entry's run if it is that entry's
+    /// request again; says whether it did. The keys are compared where they lie, unhashed.
+    fn joins_last_run(
+        &mut self,
+        keys: impl Iterator<Item = &'a str>,
+        shape: &[BucketArguments],
+    ) -> bool {
         let Some(last) = self.entries.last() else {
             return false;
         };
         // A shape that runs has one argument per bucket: its key's index.
-        last.run < MAX_RUN
+        let same = last.run < MAX_RUN
             && self.shapes[last.shape] == shape
             && shape.iter().all(BucketArguments::runs)
             && keys
@@ -232,7 +233,11 @@ impl<'a> DecideCall<'a> {
                 .all(|(key, argument)| match argument {
                     RequestArgument::Index(index) => self.keys[index - 1] == key,
                     RequestArgument::Lease(_) => false,
-                })
+                });
+        if let (true, Some(last)) = (same, self.entries.last_mut()) {
+            last.run += 1;
+        }
+        same
     }
 
     /// The 1-based index of `key` among the call's keys, added if new.

@@ -56,7 +56,7 @@ use crate::connection::{Answering, Connection};
 use crate::in_flight::RequestInFlight;
 use crate::jwt::{self, JwtVerifier};
 use crate::key::{self, KeyError, RequestFacts};
-use crate::limit::{clock, BucketRequest, KeyParts};
+use crate::limit::{clock, BucketRequest, KeyParts, Reading};
 use crate::metrics::Outcome;
 use crate::overrides::{Override, Table};
 use crate::reject::{LimitReport, Reject, Reports};
@@ -261,8 +261,9 @@ impl Gateway {
             .request_id
             .then(|| request.headers().get(X_REQUEST_ID))
             .flatten();
-        let request_id = self.shared.request_ids.for_request(client_id);
-        let mut exchange = Exchange::new(request.method().clone(), request_id);
+        let now = Reading::now();
+        let request_id = self.shared.request_ids.for_request(client_id, now.unix());
+        let mut exchange = Exchange::new(request.method().clone(), request_id, now);
         exchange.listener = S::LISTENER;
         exchange.http3 = connection.http3;
         if let Some(traces) = &self.shared.traces {
@@ -336,6 +337,7 @@ impl Gateway {
             &REQUEST_ID_NAME,
             FieldValue::RequestId(exchange.request_id.clone()),
         );
+        fields.date_at(exchange.now);
         response
     }
 

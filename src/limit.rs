@@ -22,7 +22,7 @@ use ipnet::IpNet;
 
 pub use adaptive::{AdaptiveParams, AdaptiveState};
 pub use bucket::{BucketState, Charge, QuotaPeriod, Verdict};
-pub use clock::{Clock, Timestamp};
+pub use clock::{Clock, Reading, Timestamp};
 pub use memory::MemoryStore;
 pub use redis::{RedisStore, Refund, SlotLeases};
 
@@ -280,10 +280,15 @@ pub enum Held {
 
 impl Store {
     /// Decides a request against all of its buckets at once: admitted only if every enforcing
-    /// bucket can pay, and then every bucket that can pay is charged.
-    pub async fn decide(&self, requests: &[BucketRequest<'_>]) -> Result<StoreVerdict, StoreError> {
+    /// bucket can pay, and then every bucket that can pay is charged. The memory store decides
+    /// at `now`, the request's reading; Redis at its servers' time.
+    pub async fn decide(
+        &self,
+        requests: &[BucketRequest<'_>],
+        now: &Reading,
+    ) -> Result<StoreVerdict, StoreError> {
         match self {
-            Store::Memory(store) => Ok(store.decide(requests)),
+            Store::Memory(store) => Ok(store.decide_at(requests, store.clock().at(now))),
             // Boxed so that the memory store's callers do not carry the Redis call's state.
             Store::Redis(store) => Box::pin(store.decide(requests)).await,
         }

@@ -5,7 +5,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::UNIX_EPOCH;
+use std::time::Duration;
 
 use http::HeaderValue;
 
@@ -64,16 +64,14 @@ impl RequestIds {
         }
     }
 
-    /// The client's `X-Request-Id` if it is reasonable, else a new one.
-    pub(crate) fn for_request(&self, client: Option<&HeaderValue>) -> RequestId {
+    /// The client's `X-Request-Id` if it is reasonable, else a new one made at `since` (the
+    /// wall clock's time since the Unix epoch).
+    pub(crate) fn for_request(&self, client: Option<&HeaderValue>, since: Duration) -> RequestId {
         if let Some(id) = client {
             if !id.is_empty() && id.len() <= 128 && id.to_str().is_ok() {
                 return RequestId::Client(id.clone());
             }
         }
-        let since = crate::limit::clock::system_time()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
         // RFC 9562's method 3: the 12 bits after the milliseconds hold the millisecond's
         // fraction, so one keyed hash gives all the random bits left.
         let fraction = u64::from(since.subsec_nanos() % 1_000_000) * 4096 / 1_000_000;
@@ -113,10 +111,13 @@ mod tests {
     #[test]
     fn made_ids_are_uuid_v7_with_the_time_first_and_random_bits_after() {
         let ids = RequestIds::new();
+        // 2022-02-22 19:22:22 UTC and 0.5 ms: RFC 9562's example time, and half a millisecond.
+        let since = Duration::from_millis(0x017F_22E2_79B0) + Duration::from_micros(500);
         let made: Vec<String> = (0..1000)
-            .map(|_| ids.for_request(None).as_str().to_owned())
+            .map(|_| ids.for_request(None, since).as_str().to_owned())
             .collect();
         for id in &made {
+            assert!(id.starts_with("017f22e2-79b0-7800-"), "{id}");
             assert_eq!(id.len(), 36);
             let groups: Vec<&str> = id.split('-').collect();
             let lengths: Vec<usize> = groups.iter().map(|group| group.len()).collect();
@@ -149,7 +150,7 @@ mod tests {
         let ids = RequestIds::new();
         let kept = HeaderValue::from_static("abc-123");
         assert_eq!(
-            ids.for_request(Some(&kept)),
+            ids.for_request(Some(&kept), Duration::ZERO),
             RequestId::Client(kept.clone())
         );
         let long = HeaderValue::from_str(&"x".repeat(129)).unwrap();
@@ -157,7 +158,7 @@ mod tests {
         let binary = HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap();
         for rejected in [long, empty, binary] {
             assert!(matches!(
-                ids.for_request(Some(&rejected)),
+                ids.for_request(Some(&rejected), Duration::ZERO),
                 RequestId::Made(_)
             ));
         }

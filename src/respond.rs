@@ -9,6 +9,7 @@ use smallvec::SmallVec;
 
 use crate::body::Body;
 use crate::config::{HeaderMode, Refusal};
+use crate::limit::Reading;
 use crate::reject::{LimitReport, Reject};
 use crate::request_id::RequestId;
 use crate::upstream::ForwardError;
@@ -30,7 +31,12 @@ pub use ratelimit_headers::add_ratelimit_headers;
 /// `X-Request-Id` or `RateLimit-*` never reaches the client beside the gateway's. The server
 /// owns one per connection and lends it to each request, so that it is never moved.
 #[derive(Debug, Default)]
-pub struct SetFields(SmallVec<[(&'static HeaderName, FieldValue); 6]>);
+pub struct SetFields {
+    fields: SmallVec<[(&'static HeaderName, FieldValue); 6]>,
+    /// The request's reading of the clock, for the `Date` the server's own path writes when
+    /// the answer has none: kept while it is current (the answer came without waiting).
+    now: Option<Reading>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FieldValue {
@@ -47,28 +53,44 @@ impl SetFields {
     /// Sets `name`, which is not set yet (each field is set by one step of the request path).
     pub fn set(&mut self, name: &'static HeaderName, value: FieldValue) {
         debug_assert!(!self.sets(name), "{name} set twice");
-        self.0.push((name, value));
+        self.fields.push((name, value));
     }
 
     /// Sets `name`, in place of what an earlier step set.
     pub fn replace(&mut self, name: &'static HeaderName, value: FieldValue) {
-        self.0.retain(|(set, _)| *set != name);
-        self.0.push((name, value));
+        self.fields.retain(|(set, _)| *set != name);
+        self.fields.push((name, value));
     }
 
     pub fn clear(&mut self) {
-        self.0.clear();
+        self.fields.clear();
+        self.now = None;
+    }
+
+    /// Keeps the request's reading of the clock for the response's `Date`.
+    pub fn date_at(&mut self, now: Reading) {
+        self.now = Some(now);
+    }
+
+    /// Forgets the reading: the answer waited, and its `Date` is read when it is written.
+    pub fn date_later(&mut self) {
+        self.now = None;
+    }
+
+    /// The reading a `Date` written now may use.
+    pub fn date(&self) -> Option<&Reading> {
+        self.now.as_ref()
     }
 
     /// Whether `name` is set here (and a field of that name in the map gives way).
     pub fn sets(&self, name: &HeaderName) -> bool {
-        self.0.iter().any(|(set, _)| *set == name)
+        self.fields.iter().any(|(set, _)| *set == name)
     }
 
     /// Calls `write` with each field's name and value, in the order they were set.
     pub fn write(&self, mut write: impl FnMut(&[u8], &[u8])) {
         let mut digits = itoa::Buffer::new();
-        for (name, value) in &self.0 {
+        for (name, value) in &self.fields {
             let value = match value {
                 FieldValue::Static(text) => text.as_bytes(),
                 FieldValue::Number(number) => digits.format(*number).as_bytes(),
@@ -85,7 +107,7 @@ impl SetFields {
     /// marked never to be indexed: HTTP/2's HPACK would otherwise insert each into its table,
     /// and walk every one of a name's entries to look up the next.
     pub fn apply(self, headers: &mut HeaderMap) {
-        for (name, value) in self.0 {
+        for (name, value) in self.fields {
             let (mut value, changing) = match value {
                 FieldValue::Static(text) => (HeaderValue::from_static(text), false),
                 FieldValue::Number(number) => (number_value(number), true),

@@ -325,14 +325,14 @@ async fn every_metric_of_the_specification_with_counters_that_add_up() {
         scrape.value("tollgate_upstream_duration_seconds_count", &export),
         3.0
     );
-    assert_eq!(
-        scrape.value(
-            "tollgate_store_duration_seconds_count",
-            &[("backend", "memory")]
-        ),
-        4.0 + 1.0 + 3.0 + 1.0,
-        "exports, the broken route, pages, the download (its settlement is not timed)"
+    // The memory store's decisions (exports, the broken route, pages, the download: 9) are
+    // timed one in 64 per thread, the first of each: each of the two worker threads that
+    // decided timed one.
+    let timed = scrape.value(
+        "tollgate_store_duration_seconds_count",
+        &[("backend", "memory")],
     );
+    assert!((1.0..=2.0).contains(&timed), "{timed} timed decisions");
     assert_eq!(scrape.value("tollgate_inflight_requests", &[]), 0.0);
     // Labels come from configuration only: no address, key or path appears anywhere.
     for forbidden in ["192.0.2", "/page", "/export\""] {

@@ -16,6 +16,7 @@ use crate::gateway::checks::FieldScan;
 use crate::gateway::client_facts::client_facts;
 use crate::gateway::slots::SlotRequests;
 use crate::gateway::{Gateway, Requested, Routed, Serving};
+use crate::limit::Reading;
 use crate::metrics::{DecisionProtocol, Outcome};
 use crate::reject::{Cause, LimitReport, Reject, Reports};
 use crate::request_body::RequestBody;
@@ -135,7 +136,9 @@ pub(super) async fn answer(
             let runtime = gateway.shared.runtime.load();
             count(&runtime, Some(Outcome::BadRequest));
             let response = respond::undescribed(&undescribed.to_string());
-            let mut exchange = Exchange::new(method, gateway.shared.request_ids.for_request(None));
+            let now = Reading::now();
+            let request_id = gateway.shared.request_ids.for_request(None, now.unix());
+            let mut exchange = Exchange::new(method, request_id, now);
             exchange.listener = Listener::Decision;
             exchange.path = DECIDE_PATH.to_owned();
             exchange.outcome = Some(Outcome::BadRequest);

@@ -22,6 +22,7 @@ use crate::gateway::accounting::BucketAccount;
 use crate::gateway::{Buckets, Gateway, Requested};
 use crate::grpc::{self, Code};
 use crate::in_flight::RequestInFlight;
+use crate::limit::Reading;
 use crate::metrics::{DecisionProtocol, Outcome, RLS_ROUTE};
 use crate::reject::{Reject, Reports};
 use crate::request_body::RequestBody;
@@ -60,8 +61,9 @@ pub(super) async fn answer(
     let Some(decision) = &runtime.decision else {
         return respond::grpc_error(Code::Unavailable, "no [decision] section", fields);
     };
-    let request_id = gateway.shared.request_ids.for_request(None);
-    let mut exchange = Exchange::new(Method::POST, request_id);
+    let now = Reading::now();
+    let request_id = gateway.shared.request_ids.for_request(None, now.unix());
+    let mut exchange = Exchange::new(Method::POST, request_id, now);
     exchange.listener = Listener::Decision;
     exchange.protocol = DecisionProtocol::Grpc;
     exchange.path = SHOULD_RATE_LIMIT.to_owned();

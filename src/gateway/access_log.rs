@@ -3,12 +3,12 @@
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 
 use crate::geoip::Origin;
-use crate::limit::clock;
+use crate::limit::Reading;
 use crate::metrics::{DecisionProtocol, IntCounter, Outcome};
 use crate::reject::Cause;
 use crate::reject::{refusing, Reports};
@@ -39,9 +39,9 @@ pub(crate) type DeferredLine = Arc<Mutex<Option<(Exchange<'static>, StatusCode)>
 /// One line of the access log, and the request's count in `tollgate_requests_total` when its
 /// client leaves before the answer.
 pub(crate) struct Exchange<'r> {
-    /// When the request came in; read only when the access log is on (a clock read per
-    /// request is not free on a virtual machine).
-    pub(crate) started: Option<Instant>,
+    /// The request's one reading of the clock: when it came in, and the time it is decided,
+    /// its id made and its refusal dated at.
+    pub(crate) now: Reading,
     pub(crate) method: Method,
     pub(crate) path: String,
     pub(crate) client: Option<IpAddr>,
@@ -84,9 +84,9 @@ pub(crate) struct Exchange<'r> {
 }
 
 impl<'r> Exchange<'r> {
-    pub(crate) fn new(method: Method, request_id: RequestId) -> Exchange<'r> {
+    pub(crate) fn new(method: Method, request_id: RequestId, now: Reading) -> Exchange<'r> {
         Exchange {
-            started: enabled().then(clock::instant),
+            now,
             method,
             path: String::new(),
             client: None,
@@ -165,7 +165,7 @@ impl<'r> Exchange<'r> {
     /// The line's fields, moved into a line of its own that outlives the request.
     fn detach(&mut self) -> Exchange<'static> {
         Exchange {
-            started: self.started,
+            now: self.now,
             method: self.method.clone(),
             path: std::mem::take(&mut self.path),
             client: self.client,
@@ -259,7 +259,7 @@ fn write(exchange: &Exchange<'_>, status: StatusCode) {
         limit,
         keys,
         "override" = exchange.overridden.as_deref().unwrap_or(""),
-        duration_ms = exchange.started.map_or(-1.0, |started| milliseconds(clock::elapsed(started))),
+        duration_ms = milliseconds(exchange.now.elapsed()),
         upstream_ms,
         request_id = exchange.request_id.as_str(),
         listener = exchange.listener.as_str(),

@@ -181,7 +181,11 @@ impl MemoryStore {
     /// Decides a request against all of its buckets (see [`bucket::decide`]), each with its
     /// key's adaptive penalty applied.
     pub fn decide(&self, requests: &[BucketRequest<'_>]) -> StoreVerdict {
-        let now = self.clock.now();
+        self.decide_at(requests, self.clock.now())
+    }
+
+    /// [`MemoryStore::decide`] at `now` (a request's reading of the clock).
+    pub fn decide_at(&self, requests: &[BucketRequest<'_>], now: Timestamp) -> StoreVerdict {
         let ids: SmallVec<[u64; 4]> = requests
             .iter()
             .map(|request| self.id(&request.key))

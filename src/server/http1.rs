@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::task::Poll;
 use std::time::Instant;
 
 use bytes::BytesMut;
@@ -100,9 +101,12 @@ where
             let handling = std::pin::pin!(answering.answer(request, connection, &mut fields));
             http1.answer(handling).await
         };
-        let Some(response) = response else {
+        let Some((response, waited)) = response else {
             return Ending::Closed;
         };
+        if waited {
+            fields.date_later();
+        }
         let close = !keep_alive || shutdown.has_changed().unwrap_or(true);
         if http1
             .write_response(response, &fields, head_only, close)
@@ -171,14 +175,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
 
     /// Waits for the gateway's answer, reading on meanwhile: that notices a client that goes
     /// away (`None`: the request is dropped, as hyper does) and keeps pipelined requests.
+    /// Says whether the answer waited (was not ready when first asked for).
     async fn answer(
         &mut self,
         mut handling: Pin<&mut impl Future<Output = Response<Body>>>,
-    ) -> Option<Response<Body>> {
+    ) -> Option<(Response<Body>, bool)> {
+        let mut waited = false;
+        let mut noting_waits = std::pin::pin!(std::future::poll_fn(move |context| {
+            match handling.as_mut().poll(context) {
+                Poll::Ready(response) => Poll::Ready((response, waited)),
+                Poll::Pending => {
+                    waited = true;
+                    Poll::Pending
+                }
+            }
+        }));
         loop {
             tokio::select! {
                 biased;
-                response = handling.as_mut() => return Some(response),
+                answer = noting_waits.as_mut() => return Some(answer),
                 read = self.io.read_buf(self.buffer), if self.buffer.len() < self.guards.max_head_bytes => match read {
                     Ok(0) | Err(_) => return None,
                     Ok(_) => {}

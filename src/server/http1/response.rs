@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::body::Body;
+use crate::limit::clock;
 use crate::respond::SetFields;
 use crate::wire::date::with_date;
 use crate::wire::message::{header_tokens, is_bodyless};
@@ -73,7 +74,10 @@ pub(super) fn encode_response_head(
     }
     fields.write(|name, value| write_header_field(out, name, value));
     if !has_date {
-        with_date(|date| write_header_field(out, b"date", date));
+        let unix = fields
+            .date()
+            .map_or_else(clock::unix_time, |now| now.unix());
+        with_date(unix, |date| write_header_field(out, b"date", date));
     }
     let framing = if is_bodyless(status) {
         Framing::None

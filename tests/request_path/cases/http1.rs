@@ -6,6 +6,7 @@ use super::HTTP1;
 use crate::common::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tollgate::limit::clock::unix_time;
 use tollgate::Tollgate;
 
 const POLICY: &str = r#"
@@ -141,5 +142,72 @@ async fn shutdown_closes_idle_keep_alive_connections_at_once() {
     assert!(
         rest_until_closed(&mut stream).await.is_some(),
         "the idle connection is still open"
+    );
+}
+
+/// An upstream that answers each request on its first connection 1.5 s late, with no `Date`.
+async fn late_upstream_without_a_date() -> std::net::SocketAddr {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        let _ = stream
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .await;
+        let _ = stream.read(&mut byte).await;
+    });
+    address
+}
+
+/// The response's `Date` as seconds since the Unix epoch.
+fn dated(response: &RawResponse) -> u64 {
+    let date = response.header("date").expect("a Date field");
+    httpdate::parse_http_date(&date)
+        .expect("an HTTP date")
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test]
+async fn a_date_the_gateway_adds_is_the_time_of_the_answer_not_of_the_request() {
+    let upstream = late_upstream_without_a_date().await;
+    let policy = POLICY.replace("capacity = 1000", "capacity = 1");
+    let gateway = start_gateway_on(HTTP1, &policy, upstream).await;
+    let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
+    let sent = unix_time();
+    stream
+        .write_all(b"GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let late = read_response(&mut stream, false).await;
+    assert_eq!(late.status(), 200, "{}", late.head);
+    // Answered at least 1.5 s after it was sent: a date taken as the request came in would
+    // be at most `sent`'s second (or the next, sent less than 0.5 s before it).
+    let answered_no_earlier = (sent + std::time::Duration::from_millis(1500)).as_secs();
+    assert!(dated(&late) >= answered_no_earlier, "{}", late.head);
+    // A refusal is answered at once: dated within the seconds around it.
+    let refused_at = unix_time().as_secs();
+    stream
+        .write_all(b"GET /refused HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let refused = read_response(&mut stream, false).await;
+    let after = unix_time().as_secs();
+    assert_eq!(refused.status(), 429, "{}", refused.head);
+    assert!(
+        (refused_at..=after).contains(&dated(&refused)),
+        "{}",
+        refused.head
     );
 }

@@ -205,7 +205,7 @@ impl Serving for Proxying {
         let mut admission = admitted.await?;
         let mut forwarded = gateway.forward(routed, parts, body, exchange).await?;
         // Held until the response body is sent whole or dropped (an upgrade: its tunnel).
-        forwarded.response.body_mut().in_flight().slots = admission.slots.take().map(Box::new);
+        forwarded.response.body_mut().in_flight().slots = admission.slots.take();
         let status = forwarded.response.status().as_u16();
         let scan_key = requested.scan_key.as_ref();
         gateway

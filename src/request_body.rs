@@ -20,8 +20,10 @@ pub(crate) enum RequestBody {
     Empty,
     /// A body read by hyper as the gateway consumes it.
     Incoming(Incoming),
-    /// A body read from an HTTP/3 request stream as the gateway consumes it.
-    Quic(QuicBody),
+    /// A body read from an HTTP/3 request stream as the gateway consumes it. Boxed: the
+    /// stream's state is some 200 bytes, and every request (bodyless ones above all) is moved
+    /// from step to step with its body.
+    Quic(Box<QuicBody>),
 }
 
 impl http_body::Body for RequestBody {
@@ -35,7 +37,7 @@ impl http_body::Body for RequestBody {
         match self.get_mut() {
             RequestBody::Empty => Poll::Ready(None),
             RequestBody::Incoming(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
-            RequestBody::Quic(body) => Pin::new(body).poll_frame(cx),
+            RequestBody::Quic(body) => Pin::new(&mut **body).poll_frame(cx),
         }
     }
 

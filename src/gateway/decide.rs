@@ -29,8 +29,9 @@ pub(crate) struct Admission<'r> {
     /// route limits whose buckets the decision charged (their cost, zero too).
     pub(crate) delay: f64,
     pub(crate) charged: SmallVec<[&'r AppliedLimit; 4]>,
-    /// The slots of its concurrency limits, held until its response ends.
-    pub(crate) slots: Option<Held>,
+    /// The slots of its concurrency limits, held until its response ends (boxed: the
+    /// admission of every request is moved, and few hold slots).
+    pub(crate) slots: Option<Box<Held>>,
 }
 
 /// Which store took a request's decision (and so receives its response hooks).
@@ -245,7 +246,7 @@ impl<'r> Admission<'r> {
 
     /// Admitted without a bucket's word: none applied, or the store failed and the limits
     /// allow.
-    fn unlimited(outcome: Outcome, slots: Option<Held>) -> Self {
+    fn unlimited(outcome: Outcome, slots: Option<Box<Held>>) -> Self {
         Admission {
             outcome,
             decider: Decider::Nobody,
@@ -308,7 +309,7 @@ fn admission<'r>(
     decision: &StoreVerdict,
     decider: Decider,
     buckets: &Buckets<'r>,
-    slots: Option<Held>,
+    slots: Option<Box<Held>>,
     reports: &mut Reports<'r>,
     observer: &mut impl Observer<'r>,
     top: &TopKeys,

@@ -76,14 +76,14 @@ pub(crate) fn take_local<'r>(
     shared: &Shared,
     requests: &SlotRequests<'r>,
     reports: &mut Reports<'r>,
-) -> Result<Option<Held>, Reject> {
+) -> Result<Option<Box<Held>>, Reject> {
     if requests.is_empty() {
         return Ok(None);
     }
     match shared.slots.acquire(requests.requests()) {
         Ok((held, free)) => {
             settle(requests, Ok(&free), reports, &shared.metrics.top);
-            Ok(Some(Held::Local(held)))
+            Ok(Some(Box::new(Held::Local(held))))
         }
         Err(refused) => {
             settle(requests, Err(refused.index), reports, &shared.metrics.top);
@@ -100,11 +100,11 @@ pub(crate) fn settle_leases<'r>(
     requests: &SlotRequests<'r>,
     reports: &mut Reports<'r>,
     top: &TopKeys,
-) -> Option<Held> {
+) -> Option<Box<Held>> {
     match leased {
         Leased::Taken(free) => {
             settle(requests, Ok(&free), reports, top);
-            Some(Held::Leases(pending.taken(requests.requests())))
+            Some(Box::new(Held::Leases(pending.taken(requests.requests()))))
         }
         Leased::NotTaken(refusing) => {
             pending.none_taken();

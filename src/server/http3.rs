@@ -406,7 +406,7 @@ impl<A: Answering> Listening<A> {
                 .headers
                 .get(header::CONTENT_LENGTH)
                 .and_then(|value| value.to_str().ok()?.parse().ok());
-            let body = RequestBody::Quic(QuicBody::new(recv, declared));
+            let body = RequestBody::Quic(Box::new(QuicBody::new(recv, declared)));
             let mut fields = SetFields::default();
             let answer =
                 self.answering

@@ -8,6 +8,8 @@
 #   BENCH_DURATION=8 BENCH_ROUNDS=5 bench/ab.sh /tmp/before/target/release/tollgate
 #   STORE=redis bench/ab.sh BASELINE_BINARY      # rows 4 and 5 (the Redis store, a private
 #                                                # redis-server on CPU 0) instead of 4 and 6b
+#   CLOSE=1 bench/ab.sh BASELINE_BINARY          # rows 6b and 6c: every request refused, on
+#                                                # keep-alive connections and on a connection each
 #
 # Per row and build: the median over the rounds of requests/s and the gateway's CPU µs per
 # request (user + system from /proc/PID/stat), then B ÷ A per round and its median (with
@@ -45,6 +47,8 @@ if [[ "${STORE:-memory}" == redis ]]; then
 backend = \"redis\"
 url = \"redis://127.0.0.1:$redis_port\""
   rows=("4:1000000000000:1000000000/s" "5:1000000000000:1000000000/s")
+elif [[ -n "${CLOSE:-}" ]]; then
+  rows=("6b:1:1/h" "6c:1:1/h")
 fi
 
 # run BINARY CAPACITY RATE ROW: one gateway, one wrk run; prints "requests/s cpu_us".
@@ -56,6 +60,9 @@ run() {
   three_limit_policy "$port" "$admin" "$upstream_port" "$store" "$2" "$3" > "$work/policy.toml"
   if [[ $4 == 5 ]]; then
     ALSO_PID=$redis_pid measure_gateway "$1" "$work/policy.toml" "$port" -H 'x-user-id: bench-user'
+  elif [[ $4 == 6c ]]; then
+    measure_gateway "$1" "$work/policy.toml" "$port" -H 'x-user-id: bench-user' \
+      -H 'Connection: close'
   else
     measure_gateway "$1" "$work/policy.toml" "$port" -H 'x-user-id: bench-user'
   fi

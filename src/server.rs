@@ -49,8 +49,8 @@ const MIN_BUFFER: usize = 8192;
 /// How long a listener waits after a failed accept.
 const ACCEPT_BACK_OFF: Duration = Duration::from_millis(50);
 
-/// A listening socket on `address` (address reuse, backlog 1024), and the address it got
-/// (an ephemeral port resolved).
+/// A listening socket on `address` (address reuse, no Nagle delay, backlog 1024), and the
+/// address it got (an ephemeral port resolved).
 pub(crate) async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
     let listen_error = |source| StartError::Listen { address, source };
     let socket = match address {
@@ -58,8 +58,11 @@ pub(crate) async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr
         SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
     }
     .map_err(listen_error)?;
+    // Set on the listener, where Linux's accepted sockets inherit it: one system call per
+    // listener instead of one per connection.
     let listener = socket
         .set_reuseaddr(true)
+        .and_then(|()| socket.set_nodelay(true))
         .and_then(|()| socket.bind(address))
         .and_then(|()| socket.listen(1024))
         .map_err(listen_error)?;
@@ -170,7 +173,9 @@ pub(crate) async fn serve<A: Answering>(
         let Some((mut stream, peer)) = accepted else {
             continue;
         };
-        let _ = stream.set_nodelay(true);
+        if !cfg!(target_os = "linux") {
+            let _ = stream.set_nodelay(true);
+        }
         let peer = peer.ip().to_canonical();
         // The policy in force as the connection comes (a reload changes the next one's).
         let runtime = shared.runtime.load();
@@ -565,5 +570,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedStream<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `serve` sets no option per connection on Linux: an accepted socket inherits the
+    /// listener's.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn an_accepted_connection_inherits_the_listeners_nodelay() {
+        let (listener, address) = super::bind(([127, 0, 0, 1], 0).into()).await.unwrap();
+        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+        let (accepted, _) = super::accept(&listener).await.unwrap();
+        assert!(accepted.nodelay().unwrap());
     }
 }

@@ -77,6 +77,7 @@ where
         // Sized for the usual response head: grown from nothing, it was reallocated three
         // times on every connection.
         out: BytesMut::with_capacity(1024),
+        tls: connection.proto == "https",
     };
     let mut fields = SetFields::default();
     // One wait for the shutdown signal for the connection's life, not one per request.
@@ -127,6 +128,8 @@ struct Http1<'c, S> {
     guards: &'c ConnectionGuards,
     names: KnownNames,
     out: BytesMut,
+    /// Over TLS, which is shut down (close_notify) before the connection closes.
+    tls: bool,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
@@ -238,7 +241,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
             return Err(Ending::Closed);
         }
         if head.close {
-            let _ = self.io.shutdown().await;
+            // TLS says goodbye (close_notify); plain TCP's close sends the FIN itself, unless
+            // bytes the client sent after this request are waiting, which the close answers
+            // with a reset: there, the FIN goes first.
+            if self.tls || !self.buffer.is_empty() {
+                let _ = self.io.shutdown().await;
+            }
             return Err(Ending::Closed);
         }
         Ok(())

@@ -6,6 +6,7 @@
 //! hyper's protocol guards (400, 431, body framing, 100-continue, upgrades, h2c) still apply
 //! to it.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
@@ -30,6 +31,13 @@ mod response;
 
 use request::{parse_request, Parsed};
 use response::{encode_response_head, write_body};
+
+thread_local! {
+    /// The header names this thread's clients used, lent to one connection at a time: a new
+    /// connection finds its client's names known (a flood of one request per connection
+    /// repeats them every time).
+    static CLIENT_NAMES: RefCell<KnownNames> = RefCell::new(KnownNames::default());
+}
 
 /// How the connection ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -73,7 +81,7 @@ where
         buffer,
         watchdog,
         guards,
-        names: KnownNames::default(),
+        names: CLIENT_NAMES.take(),
         // Sized for the usual response head: grown from nothing, it was reallocated three
         // times on every connection.
         out: BytesMut::with_capacity(1024),
@@ -120,7 +128,8 @@ where
 }
 
 /// One connection on the own path: its stream, the bytes read ahead, its guards, the header
-/// names its client uses, and the buffer responses are written from.
+/// names its client uses (the thread's, lent for the connection's life), and the buffer
+/// responses are written from.
 struct Http1<'c, S> {
     io: &'c mut S,
     buffer: &'c mut BytesMut,
@@ -130,6 +139,14 @@ struct Http1<'c, S> {
     out: BytesMut,
     /// Over TLS, which is shut down (close_notify) before the connection closes.
     tls: bool,
+}
+
+impl<S> Drop for Http1<'_, S> {
+    fn drop(&mut self) {
+        let names = std::mem::take(&mut self.names);
+        // A thread that is ending keeps no names.
+        let _ = CLIENT_NAMES.try_with(|kept| kept.replace(names));
+    }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {

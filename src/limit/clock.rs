@@ -36,9 +36,7 @@ pub fn unix_time() -> Duration {
 
 /// Whole seconds since the Unix epoch, for token expiry (`exp`, `nbf`).
 pub fn unix_seconds() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs())
+    unix_time().as_secs()
 }
 
 /// A request's one reading of the clock, taken as it is answered: what its decision, its
@@ -144,9 +142,7 @@ impl Clock {
     /// reading.
     pub fn unix(&self) -> f64 {
         match self {
-            Clock::Monotonic(_) => SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0.0, |since| since.as_secs_f64()),
+            Clock::Monotonic(_) => unix_time().as_secs_f64(),
             Clock::Manual(nanos) => nanos.load(Ordering::Relaxed) as f64 / 1e9,
         }
     }

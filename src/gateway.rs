@@ -252,8 +252,7 @@ impl Gateway {
         connection: &Connection,
         fields: &mut SetFields,
     ) -> Response<Body> {
-        // Counted until the response body is dropped (sent whole, or its client went away);
-        // dropped with this future if the client goes away before the answer.
+        // Counted until the response body is dropped, or this future if the client leaves first.
         let in_flight = RequestInFlight::new(&self.shared.metrics.inflight);
         let runtime = self.shared.runtime.load_full();
         let scan = FieldScan::of(request.headers());

@@ -60,9 +60,12 @@ limits = [${8:-$all}]
 CONF
 }
 
-# nginx_conf DIR PORT UPSTREAM_PORT DIRECTIVES LIMIT_ZONE [TOP_LEVEL]
+# nginx_conf DIR PORT UPSTREAM_PORT DIRECTIVES LIMIT_ZONE [TOP_LEVEL] [LISTEN_PARAMETERS]
+#   [SERVER_DIRECTIVES]
 # nginx with one worker proxying to the upstream over a keep-alive pool; DIRECTIVES go in its
-# location, LIMIT_ZONE in http, TOP_LEVEL (such as "master_process off;") at the top.
+# location, LIMIT_ZONE in http, TOP_LEVEL (such as "master_process off;") at the top,
+# LISTEN_PARAMETERS (such as "ssl http2") after the listen address, SERVER_DIRECTIVES (such as
+# its certificate) in the server.
 nginx_conf() {
   cat <<CONF
 worker_processes 1;
@@ -76,7 +79,8 @@ http {
   $5
   upstream app { server 127.0.0.1:$3; keepalive 64; }
   server {
-    listen 127.0.0.1:$2;
+    listen 127.0.0.1:$2 ${7:-};
+    ${8:-}
     location / {
       proxy_pass http://app;
       proxy_http_version 1.1;
@@ -183,4 +187,25 @@ gateway_row() {
   requests=$(awk '/requests in/ {print $1}' <<<"$output")
   awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" -v d="$DURATION" \
     'BEGIN {printf "%.0f %.3f\n", n / d, t * 1e6 / hz / n}'
+}
+
+# stop_proxy: stops the proxy whose PID is in $proxy (started by a script's start_proxy).
+stop_proxy() {
+  kill "$proxy" 2>/dev/null || true
+  wait "$proxy" 2>/dev/null || true
+}
+
+# self_signed_certificate: a certificate for localhost in $work/cert.pem, its key in
+# $work/key.pem.
+self_signed_certificate() {
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj "/CN=localhost" -addext "subjectAltName=DNS:localhost" \
+    -addext "basicConstraints=critical,CA:FALSE" \
+    -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+}
+
+# tls_policy POLICY_FILE: TLS with that certificate on the policy's [server] listeners (its
+# first `listen`).
+tls_policy() {
+  sed -i "0,/^listen = .*/s||&\ntls = { cert = \"$work/cert.pem\", key = \"$work/key.pem\" }|" "$1"
 }

@@ -69,11 +69,6 @@ start_proxy() {
   fi
 }
 
-stop_proxy() {
-  kill "$proxy" 2>/dev/null || true
-  wait "$proxy" 2>/dev/null || true
-}
-
 # cpu_row ROW PROXY_NAME EXPECTED_STATUS [WRK_ARGUMENTS...]: wrk against $proxy for
 # $DURATION s after 2 s of warm-up; records "ROW|PROXY_NAME|requests/s|CPU µs per request".
 # Stops the script if an answer is not EXPECTED_STATUS (200 or 429) or a request fails.
@@ -167,28 +162,10 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-python3 - "$work/cpu" "$work/isolation" "$ROUNDS" "$RATE" <<'PY'
+python3 bench/cpu_table.py "$work/cpu" "$ROUNDS"
+python3 - "$work/isolation" "$RATE" <<'PY'
 import statistics, sys
-cpu_file, isolation_file, rounds, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-rows = {}
-for line in open(cpu_file):
-    row, name, rps, cpu = line.rstrip("\n").split("|")
-    rows.setdefault(row, {}).setdefault(name, []).append((float(rps), float(cpu)))
-print(f"\nmedians of {rounds} rounds; ratios: tollgate's CPU per request ÷ nginx's, per round\n")
-print("| row | proxy | requests/s | CPU µs/request | ÷ nginx per round | ÷ nginx (median) |")
-print("|---|---|---:|---:|---|---:|")
-for row, names in rows.items():
-    nginx = [cpu for _, cpu in names["nginx, 1 limit"]]
-    for name, runs in names.items():
-        rps = statistics.median(r for r, _ in runs)
-        cpu = statistics.median(c for _, c in runs)
-        if name.startswith("nginx"):
-            per_round, median = "—", "—"
-        else:
-            ratios = [c / n for (_, c), n in zip(runs, nginx)]
-            per_round = ", ".join(f"{r:.2f}" for r in ratios)
-            median = f"{statistics.median(ratios):.2f}×"
-        print(f"| {row} | {name} | {rps:,.0f} | {cpu:.2f} | {per_round} | {median} |")
+isolation_file, rate = sys.argv[1], sys.argv[2]
 print(f"\nflood isolation: {rate} legitimate requests a second, each under its own key, beside "
       "a flood from one key at wrk's full speed (32 connections) or alone; medians of the rounds\n")
 print("| proxy | flood | requests | errors (all rounds) | p50 µs | p99 µs | worst µs |")

@@ -15,6 +15,7 @@
 #                                        # it is accepted (the count is per refused connection)
 #   UPSTREAM_KEEP_ALIVE=1 bench/instructions.sh  # the upstream answers `Connection: keep-alive`
 #   H2=1 bench/instructions.sh           # HTTP/2 with prior knowledge (h2c), sent by h2load
+#   TLS=1 bench/instructions.sh          # over TLS 1.3 (with H2=1: HTTP/2 chosen by ALPN)
 #   JWT=claim bench/instructions.sh      # every request carries an RS256 bearer token, and the
 #                                        # per-user limit is keyed by its verified `sub`;
 #                                        # JWT=header: the same token, the limit keyed by header
@@ -42,6 +43,7 @@ optional=()
 [[ "$proxy" == nginx ]] && optional+=(nginx)
 [[ -n "${OVERRIDE:-}${CONN_REFUSED:-}" ]] && optional+=(curl)
 [[ -n "${H2:-}" ]] && optional+=(h2load)
+[[ -n "${TLS:-}" ]] && optional+=(openssl)
 for tool in wrk valgrind callgrind_control python3 taskset "${optional[@]}"; do
   if ! command -v "$tool" >/dev/null; then
     echo "bench: missing $tool. On Debian: apt-get install wrk valgrind python3 redis-server nginx-light" >&2
@@ -84,6 +86,16 @@ fi
 token=$(./target/release/examples/sign_token "$work/jwks.json")
 
 port=$(free_port)
+listen_parameters="" server_directives=""
+if [[ -n "${H2:-}" ]]; then
+  # h2load does not reconnect, and nginx ends a connection after 1,000 requests by default.
+  listen_parameters="http2" server_directives="keepalive_requests 100000000;"
+fi
+if [[ -n "${TLS:-}" ]]; then
+  self_signed_certificate
+  listen_parameters="ssl $listen_parameters"
+  server_directives+=" ssl_certificate $work/cert.pem; ssl_certificate_key $work/key.pem;"
+fi
 callgrind=(valgrind --tool=callgrind --compress-strings=no --compress-pos=no
   --callgrind-out-file="$work/callgrind.%p")
 if [[ "$proxy" == nginx ]]; then
@@ -94,7 +106,7 @@ if [[ "$proxy" == nginx ]]; then
   fi
   # One process that serves requests itself, so that callgrind sees the work.
   nginx_conf "$work" "$port" "$upstream_port" "$directives" "$zone" "master_process off;" \
-    > "$work/nginx.conf"
+    "$listen_parameters" "$server_directives" > "$work/nginx.conf"
   taskset -c 1 "${callgrind[@]}" nginx -p "$work" -c "$work/nginx.conf" \
     >/dev/null 2>"$work/valgrind.log" &
 else
@@ -103,6 +115,7 @@ else
   [[ -n "${ONE_LIMIT:-}" ]] && route_limits=("" '"per_network"')
   three_limit_policy "$port" "$admin" "$upstream_port" "$store_section" "${limits[@]}" \
     "${route_limits[@]}" > "$work/policy.toml"
+  [[ -n "${TLS:-}" ]] && tls_policy "$work/policy.toml"
   if [[ -n "${CONN_REFUSED:-}" ]]; then
     printf '[server.connections]\nper_network = { capacity = 1, rate = "1/h" }\n' >> "$work/policy.toml"
   fi
@@ -155,6 +168,7 @@ if [[ -n "${JWT:-}" ]]; then
   fields+=(-H "authorization: Bearer $token")
 fi
 url="http://127.0.0.1:$port/"
+[[ -n "${TLS:-}" ]] && url="https://127.0.0.1:$port/"
 [[ -n "${UPSTREAM_KEEP_ALIVE:-}" ]] && url+="keep-alive"
 if [[ -n "${DECISION:-}" ]]; then
   url="http://127.0.0.1:$decision_port/decide"

@@ -24,6 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
 use crate::body::Body;
+use crate::server::StreamExecutor;
 use crate::shared::Shared;
 use crate::{respond, server};
 
@@ -82,8 +83,8 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-fn connection_builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+fn connection_builder(header_read_timeout: Duration) -> auto::Builder<StreamExecutor> {
+    let mut builder = auto::Builder::new(StreamExecutor);
     builder
         .http1()
         .timer(TokioTimer::new())

@@ -107,6 +107,9 @@ impl SetFields {
     /// marked never to be indexed: HTTP/2's HPACK would otherwise insert each into its table,
     /// and walk every one of a name's entries to look up the next.
     pub fn apply(self, headers: &mut HeaderMap) {
+        // Room made at once: a map grows (and moves every entry) each time it fills, and
+        // hyper's `Date` check (`entry`) grows a full map even when the field is there.
+        headers.reserve(self.fields.len() + 1);
         for (name, value) in self.fields {
             let (mut value, changing) = match value {
                 FieldValue::Static(text) => (HeaderValue::from_static(text), false),

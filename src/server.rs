@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -42,6 +42,9 @@ mod client_hello;
 mod edge;
 mod http1;
 mod http3;
+mod streams;
+
+pub(crate) use streams::StreamExecutor;
 
 /// hyper's smallest read buffer.
 const MIN_BUFFER: usize = 8192;
@@ -249,8 +252,8 @@ pub(crate) async fn accept(listener: &TcpListener) -> Option<(TcpStream, SocketA
     }
 }
 
-fn connection_builder(settings: &ServerSettings) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+fn connection_builder(settings: &ServerSettings) -> auto::Builder<StreamExecutor> {
+    let mut builder = auto::Builder::new(StreamExecutor);
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -268,7 +271,7 @@ async fn serve_connection<S, A: Answering>(
     stream: S,
     connection: Connection,
     answering: A,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<auto::Builder<StreamExecutor>>,
     guards: ConnectionGuards,
     shutdown: watch::Receiver<bool>,
 ) where
@@ -300,8 +303,11 @@ async fn serve_connection<S, A: Answering>(
     }
     stream.read_ahead = buffer.freeze();
     let peer = connection.peer;
+    // Shared, not cloned per request: what it renders and looks up once (the peer's
+    // `X-Forwarded-For` entry, its origin) is then done once per connection here too.
+    let connection = Arc::new(connection);
     let answer = move |request: Request<Incoming>| {
-        let (answering, connection) = (answering.clone(), connection.clone());
+        let (answering, connection) = (answering.clone(), Arc::clone(&connection));
         async move {
             let request = request.map(RequestBody::Incoming);
             let mut fields = SetFields::default();
@@ -328,7 +334,7 @@ async fn serve_connection<S, A: Answering>(
 pub(crate) async fn serve_guarded<F, Answer>(
     stream: TcpStream,
     peer: std::net::IpAddr,
-    builder: &auto::Builder<TokioExecutor>,
+    builder: &auto::Builder<StreamExecutor>,
     timeouts: (Duration, Duration),
     answer: F,
     shutdown: watch::Receiver<bool>,
@@ -373,7 +379,7 @@ where
     /// Lets hyper serve the connection until it ends, shutdown drains it, or a guard cuts it.
     async fn serve<F, Answer>(
         self,
-        builder: &auto::Builder<TokioExecutor>,
+        builder: &auto::Builder<StreamExecutor>,
         answer: F,
         peer: std::net::IpAddr,
         mut shutdown: watch::Receiver<bool>,
@@ -392,6 +398,7 @@ where
             async move { Ok::<_, std::convert::Infallible>(answered.await) }
         });
         let mut conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(stream), service));
+        let mut streams = streams::Streams::new();
         let mut draining = *shutdown.borrow();
         if draining {
             conn.as_mut().graceful_shutdown();
@@ -402,7 +409,7 @@ where
         let mut heard = activity.count() > 0;
         loop {
             tokio::select! {
-                result = conn.as_mut() => {
+                result = std::future::poll_fn(|cx| streams.drive(cx, conn.as_mut())) => {
                     if let Err(error) = result {
                         tracing::debug!(%peer, %error, "connection ended with an error");
                     }
@@ -417,11 +424,13 @@ where
                 }
                 _ = shutdown.changed(), if !draining => {
                     conn.as_mut().graceful_shutdown();
+                    streams.changed();
                     draining = true;
                 }
                 idle = watchdog.tick(), if !draining => {
                     if idle {
                         conn.as_mut().graceful_shutdown();
+                        streams.changed();
                         draining = true;
                     }
                 }

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -15,6 +14,7 @@ use super::client_hello::{read_first_flight, Rewound, UNRECOGNIZED_NAME_ALERT};
 use super::{serve_connection, ConnectionGuards};
 use crate::connection::{Answering, Connection};
 use crate::connection_limits::OpenConnection;
+use crate::server::StreamExecutor;
 use crate::shared::Shared;
 use crate::tls::{HandshakeFailure, TlsListener, ACME_TLS_ALPN};
 
@@ -22,7 +22,7 @@ use crate::tls::{HandshakeFailure, TlsListener, ACME_TLS_ALPN};
 pub(super) struct Accepted<A> {
     pub(super) shared: Arc<Shared>,
     pub(super) answering: A,
-    pub(super) builder: Arc<auto::Builder<TokioExecutor>>,
+    pub(super) builder: Arc<auto::Builder<StreamExecutor>>,
     pub(super) guards: ConnectionGuards,
     pub(super) shutdown: watch::Receiver<bool>,
     pub(super) tls: bool,
@@ -63,7 +63,7 @@ async fn serve_tls<A: Answering>(
     peer: std::net::IpAddr,
     shared: Arc<Shared>,
     answering: A,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<auto::Builder<StreamExecutor>>,
     guards: ConnectionGuards,
     shutdown: watch::Receiver<bool>,
 ) {

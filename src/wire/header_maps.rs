@@ -17,12 +17,16 @@ thread_local! {
     static SPARE: RefCell<Vec<HeaderMap>> = const { RefCell::new(Vec::new()) };
 }
 
-/// An empty map, a spare one when this thread has one. It grows as any map does when
-/// `fields` are more than it holds.
+/// An empty map with room for `fields`, a spare one when this thread has one.
 pub(crate) fn take(fields: usize) -> HeaderMap {
-    SPARE
-        .with_borrow_mut(Vec::pop)
-        .unwrap_or_else(|| HeaderMap::with_capacity(fields))
+    match SPARE.with_borrow_mut(Vec::pop) {
+        Some(mut spare) => {
+            // An empty map grows without moving entries; a full one would move them all.
+            spare.reserve(fields);
+            spare
+        }
+        None => HeaderMap::with_capacity(fields),
+    }
 }
 
 /// Clears `map` and keeps it for [`take`], unless it is too big or the spares are many.

@@ -14,6 +14,10 @@ use crate::wire::message::{
     header_tokens, is_bodyless, may_reuse_after, MAX_RESPONSE_FIELDS, MAX_RESPONSE_HEAD_BYTES,
 };
 
+/// Fields the gateway may add to a response (`RateLimit-*`, `Retry-After`, the request id, a
+/// `Date`, HSTS): room for them is made in a response's map when it is parsed.
+const ADDED_FIELDS: usize = 8;
+
 /// A parsed response head and what it says about the body and the connection.
 #[derive(Debug)]
 pub(super) struct Head {
@@ -70,8 +74,9 @@ pub(super) fn parse_head(
         return Err(HeadError::TooLarge);
     }
     let (status, version) = status_line(&parsed)?;
-    // The gateway's own fields go beside the map (`respond::SetFields`), not into it.
-    let mut headers = crate::wire::header_maps::take(parsed.headers.len());
+    // The gateway's own fields go beside the map (`respond::SetFields`) on the own path, and
+    // into it on hyper's, where room for them spares the map a growth.
+    let mut headers = crate::wire::header_maps::take(parsed.headers.len() + ADDED_FIELDS);
     // Noted on the way, so that a response without them is not searched for them.
     let (mut transfer_encoding, mut connection) = (false, false);
     let base = buffer.as_ptr() as usize;

@@ -209,3 +209,11 @@ self_signed_certificate() {
 tls_policy() {
   sed -i "0,/^listen = .*/s||&\ntls = { cert = \"$work/cert.pem\", key = \"$work/key.pem\" }|" "$1"
 }
+
+# record_cpu_row ROW PROXY_NAME TICKS REQUESTS: appends "ROW|PROXY_NAME|requests/s|CPU µs per
+# request" over $DURATION s to $work/cpu (what bench/cpu_table.py reads), and says it.
+record_cpu_row() {
+  awk -v row="$1" -v name="$2" -v t="$3" -v hz="$(getconf CLK_TCK)" -v n="$4" -v d="$DURATION" \
+    'BEGIN {printf "%s|%s|%.0f|%.3f\n", row, name, n / d, t * 1e6 / hz / n}' >> "$work/cpu"
+  echo "  $1, $2: $(tail -n 1 "$work/cpu" | cut -d'|' -f3-)" >&2
+}

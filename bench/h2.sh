@@ -89,10 +89,7 @@ cpu_row() {
     echo "$output" >&2
     exit 1
   fi
-  awk -v row="$row" -v name="$name" -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" \
-    -v n="$done" -v d="$DURATION" \
-    'BEGIN {printf "%s|%s|%.0f|%.3f\n", row, name, n / d, t * 1e6 / hz / n}' >> "$work/cpu"
-  echo "  $row, $name: $(tail -n 1 "$work/cpu" | cut -d'|' -f3-)" >&2
+  record_cpu_row "$row" "$name" $((after - before)) "$done"
 }
 
 : > "$work/cpu"

@@ -151,6 +151,14 @@ cpu_ticks() {
   echo $((stat[13] + stat[14]))
 }
 
+# system_ticks PID: the process's system time alone so far, in clock ticks: the kernel's work
+# on its sockets, which no change to the proxy's own code takes away.
+system_ticks() {
+  local stat
+  read -r -a stat < "/proc/$1/stat"
+  echo "${stat[14]}"
+}
+
 # start_fast_upstream: the minimal upstream (examples/fast_upstream, built) on CPU 0, stopped
 # on exit; sets upstream_port.
 start_fast_upstream() {
@@ -210,10 +218,13 @@ tls_policy() {
   sed -i "0,/^listen = .*/s||&\ntls = { cert = \"$work/cert.pem\", key = \"$work/key.pem\" }|" "$1"
 }
 
-# record_cpu_row ROW PROXY_NAME TICKS REQUESTS: appends "ROW|PROXY_NAME|requests/s|CPU µs per
-# request" over $DURATION s to $work/cpu (what bench/cpu_table.py reads), and says it.
+# record_cpu_row ROW PROXY_NAME TICKS SYSTEM_TICKS REQUESTS: appends "ROW|PROXY_NAME|requests/s|
+# CPU µs per request|of which system µs" over $DURATION s to $work/cpu (what
+# bench/cpu_table.py reads), and says it.
 record_cpu_row() {
-  awk -v row="$1" -v name="$2" -v t="$3" -v hz="$(getconf CLK_TCK)" -v n="$4" -v d="$DURATION" \
-    'BEGIN {printf "%s|%s|%.0f|%.3f\n", row, name, n / d, t * 1e6 / hz / n}' >> "$work/cpu"
+  awk -v row="$1" -v name="$2" -v t="$3" -v s="$4" -v hz="$(getconf CLK_TCK)" -v n="$5" \
+    -v d="$DURATION" \
+    'BEGIN {printf "%s|%s|%.0f|%.3f|%.3f\n", row, name, n / d, t * 1e6 / hz / n, s * 1e6 / hz / n}' \
+    >> "$work/cpu"
   echo "  $1, $2: $(tail -n 1 "$work/cpu" | cut -d'|' -f3-)" >&2
 }

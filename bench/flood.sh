@@ -13,6 +13,10 @@
 #   admitted, keep-alive          limits that never refuse
 #   refused, a connection each    `Connection: close`: a TCP connection per request
 #   refused, pipelined            16 requests per write on each keep-alive connection
+# Each refused row also runs the floor under it (examples/fixed_answer): a one-thread tokio
+# server that reads the same heads and writes the same fixed 429, deciding nothing. Its CPU per
+# request is what a refusal costs this stack before any rule runs, and its system time is the
+# kernel's share, which is about nginx's.
 # Flood isolation: one key floods at wrk's full speed (32 connections) while a paced client
 # (examples/paced_client) sends RATE legitimate requests a second under keys of their own; its
 # p50, p99 and errors through nginx and tollgate (one limit by `X-User-Id` each), with the
@@ -29,7 +33,8 @@ whole_numbers "BENCH_DURATION=$DURATION" "BENCH_ROUNDS=$ROUNDS" "BENCH_PACED_RAT
 need_tools wrk nginx taskset python3
 
 echo "building release binaries..." >&2
-cargo build --release --quiet --bin tollgate --example fast_upstream --example paced_client
+cargo build --release --quiet --bin tollgate --example fast_upstream --example paced_client \
+  --example fixed_answer
 start_fast_upstream
 
 # Pipelining: wrk sends 16 requests (with the command line's headers) in each write.
@@ -49,12 +54,17 @@ policy() {
 }
 
 # start_proxy KIND NAME [ZONE DIRECTIVES]: nginx (one worker, serving in its master process
-# so that one PID holds its CPU time) or tollgate from $work/NAME.toml, on CPU 1; sets
-# $proxy (its PID) and $port.
+# so that one PID holds its CPU time), tollgate from $work/NAME.toml, or the floor (the fixed
+# answer), on CPU 1; sets $proxy (its PID) and $port.
 start_proxy() {
   local kind=$1 name=$2
   port=$(free_port)
-  if [[ "$kind" == nginx ]]; then
+  if [[ "$kind" == floor ]]; then
+    taskset -c 1 ./target/release/examples/fixed_answer "127.0.0.1:$port" >/dev/null 2>&1 &
+    proxy=$!
+    pids+=("$proxy")
+    wait_for_port "$port"
+  elif [[ "$kind" == nginx ]]; then
     mkdir -p "$work/$name"
     nginx_conf "$work/$name" "$port" "$upstream_port" "$4 limit_req_status 429;" "$3" \
       "master_process off;" > "$work/$name/nginx.conf"
@@ -70,16 +80,18 @@ start_proxy() {
 }
 
 # cpu_row ROW PROXY_NAME EXPECTED_STATUS [WRK_ARGUMENTS...]: wrk against $proxy for
-# $DURATION s after 2 s of warm-up; records "ROW|PROXY_NAME|requests/s|CPU µs per request".
-# Stops the script if an answer is not EXPECTED_STATUS (200 or 429) or a request fails.
+# $DURATION s after 2 s of warm-up; records "ROW|PROXY_NAME|requests/s|CPU µs per request|
+# system µs". Stops the script if an answer is not EXPECTED_STATUS (200 or 429) or a request
+# fails.
 cpu_row() {
-  local row=$1 name=$2 expected=$3 url="http://127.0.0.1:$port/" before after output requests
+  local row=$1 name=$2 expected=$3 url="http://127.0.0.1:$port/" output requests
+  local before after system_before system_after
   shift 3
   taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d2s -H 'x-user-id: bench-user' "$@" "$url" >/dev/null
-  before=$(cpu_ticks "$proxy")
+  before=$(cpu_ticks "$proxy") system_before=$(system_ticks "$proxy")
   output=$(taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" -H 'x-user-id: bench-user' \
     "$@" "$url" 2>&1)
-  after=$(cpu_ticks "$proxy")
+  after=$(cpu_ticks "$proxy") system_after=$(system_ticks "$proxy")
   requests=$(awk '/requests in/ {print $1}' <<<"$output")
   local other
   other=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$output")
@@ -91,7 +103,7 @@ cpu_row() {
     echo "$output" >&2
     exit 1
   fi
-  record_cpu_row "$row" "$name" $((after - before)) "$requests"
+  record_cpu_row "$row" "$name" $((after - before)) $((system_after - system_before)) "$requests"
 }
 
 # isolation_row PROXY_NAME FLOOD(yes/no): the paced client for $DURATION s against $proxy,
@@ -131,7 +143,7 @@ policy per_user 0 1 "1/h" '"per_user"'
 
 : > "$work/cpu"
 : > "$work/isolation"
-echo "running about $((ROUNDS * (16 * (DURATION + 2) + 4 * DURATION))) s of load..." >&2
+echo "running about $((ROUNDS * (19 * (DURATION + 2) + 4 * DURATION))) s of load..." >&2
 for round in $(seq "$ROUNDS"); do
   echo " round $round of $ROUNDS" >&2
   for row in "refused, keep-alive" "admitted, keep-alive" "refused, a connection each" \
@@ -150,6 +162,10 @@ for round in $(seq "$ROUNDS"); do
     cpu_row "$row" "tollgate, 1 limit" "$status" "${extra[@]}"; stop_proxy
     start_proxy tollgate "$three_policy"
     cpu_row "$row" "tollgate, 3 limits" "$status" "${extra[@]}"; stop_proxy
+    if [[ "$status" == 429 ]]; then
+      start_proxy floor floor
+      cpu_row "$row" "floor: fixed 429 over tokio" "$status" "${extra[@]}"; stop_proxy
+    fi
   done
   for flood in no yes; do
     start_proxy nginx nginx "$nginx_by_user" "$refuse"

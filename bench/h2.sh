@@ -68,15 +68,16 @@ start_proxy() {
 }
 
 # cpu_row ROW PROXY_NAME EXPECTED_STATUS: h2load against $url for $DURATION s after 2 s of
-# warm-up; records "ROW|PROXY_NAME|requests/s|CPU µs per request". Stops the script if an
-# answer is not EXPECTED_STATUS (200 or 429) or a stream fails.
+# warm-up; records "ROW|PROXY_NAME|requests/s|CPU µs per request|system µs". Stops the script
+# if an answer is not EXPECTED_STATUS (200 or 429) or a stream fails.
 cpu_row() {
-  local row=$1 name=$2 expected=$3 before after output done expected_done errored
+  local row=$1 name=$2 expected=$3 output done expected_done errored
+  local before after system_before system_after
   local load=(taskset -c 0 h2load -c8 -m"$STREAMS" -H 'x-user-id: bench-user')
   "${load[@]}" -D 2 "$url" >/dev/null
-  before=$(cpu_ticks "$proxy")
+  before=$(cpu_ticks "$proxy") system_before=$(system_ticks "$proxy")
   output=$("${load[@]}" -D "$DURATION" "$url" 2>&1)
-  after=$(cpu_ticks "$proxy")
+  after=$(cpu_ticks "$proxy") system_after=$(system_ticks "$proxy")
   done=$(awk '/^requests:/ {print $6}' <<<"$output")
   errored=$(awk '/^requests:/ {print $12 + $14}' <<<"$output")
   if [[ "$expected" == 200 ]]; then
@@ -89,7 +90,7 @@ cpu_row() {
     echo "$output" >&2
     exit 1
   fi
-  record_cpu_row "$row" "$name" $((after - before)) "$done"
+  record_cpu_row "$row" "$name" $((after - before)) $((system_after - system_before)) "$done"
 }
 
 : > "$work/cpu"

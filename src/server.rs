@@ -496,7 +496,7 @@ impl Watchdog {
 
 /// Whether a connection moved bytes: a counter bumped on every read and write, compared
 /// between checks (cheaper than reading the clock on every I/O).
-struct Activity {
+pub(super) struct Activity {
     moves: AtomicU64,
 }
 

@@ -30,7 +30,10 @@ mod request;
 mod response;
 
 use request::{parse_request, Parsed};
-use response::{encode_response_head, write_body};
+use response::{encode_response_head, write_body, write_out};
+
+/// Responses held for pipelined requests go out once this much is waiting.
+const HOLD_AT_MOST: usize = 64 * 1024;
 
 thread_local! {
     /// The header names this thread's clients used, lent to one connection at a time: a new
@@ -165,10 +168,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
                         request,
                         keep_alive,
                     } => return Ok((request, keep_alive)),
-                    Parsed::HandOver => return Err(Ending::HandOver),
+                    Parsed::HandOver => {
+                        self.write_held().await?;
+                        return Err(Ending::HandOver);
+                    }
                     Parsed::Partial => {}
                 }
             }
+            self.write_held().await?;
             if !self.buffer.is_empty() && head_started.is_none() {
                 *head_started = Some(clock::instant());
             }
@@ -210,6 +217,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
                 }
             }
         }));
+        if !self.out.is_empty() {
+            // Responses held for this one to join go out before it is waited for.
+            let first =
+                std::future::poll_fn(|context| Poll::Ready(noting_waits.as_mut().poll(context)));
+            if let Poll::Ready(answer) = first.await {
+                return Some(answer);
+            }
+            self.write_held().await.ok()?;
+        }
         loop {
             tokio::select! {
                 biased;
@@ -222,6 +238,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
         }
     }
 
+    /// Writes the responses held for pipelined requests to join; `Err` when the connection
+    /// ends (the client stopped reading for the idle timeout, or went away).
+    async fn write_held(&mut self) -> Result<(), Ending> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let writing = async {
+            write_out(self.io, &mut self.out).await?;
+            self.io.flush().await
+        };
+        tokio::select! {
+            written = writing => written.map_err(|_| Ending::Closed),
+            _ = self.watchdog.until_idle() => Err(Ending::Closed),
+        }
+    }
+
     /// Writes the response, head and body; `Err` when the connection ends with it.
     async fn write_response(
         &mut self,
@@ -231,7 +263,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
         close: bool,
     ) -> Result<(), Ending> {
         let (parts, body) = response.into_parts();
-        self.out.clear();
         let head = encode_response_head(
             parts.status,
             &parts.headers,
@@ -243,6 +274,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
         );
         // The head is written: the map can hold another response's.
         crate::wire::header_maps::give_back(parts.headers);
+        // A pipelined request already read is answered into the same write: a client that
+        // sends sixteen requests at once gets sixteen answers in one system call, not sixteen.
+        let hold = !head.close && !self.buffer.is_empty() && self.out.len() < HOLD_AT_MOST;
         let written = tokio::select! {
             written = write_body(
                 self.io,
@@ -251,6 +285,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
                 head.framing,
                 self.buffer,
                 self.guards.max_head_bytes,
+                hold,
             ) => written,
             _ = self.watchdog.until_idle() => return Err(Ending::Closed),
         };
@@ -267,5 +302,178 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
             return Err(Ending::Closed);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::io::{DuplexStream, ReadBuf};
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::server::{Activity, ConnectionGuards, Watchdog};
+
+    /// One end of a pipe that counts the writes made to it.
+    struct CountingWrites {
+        inner: DuplexStream,
+        writes: Arc<AtomicUsize>,
+    }
+
+    impl AsyncRead for CountingWrites {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            context: &mut std::task::Context<'_>,
+            buffer: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(context, buffer)
+        }
+    }
+
+    impl AsyncWrite for CountingWrites {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            context: &mut std::task::Context<'_>,
+            bytes: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let written = Pin::new(&mut self.inner).poll_write(context, bytes);
+            if written.is_ready() {
+                self.writes.fetch_add(1, Ordering::SeqCst);
+            }
+            written
+        }
+
+        fn poll_flush(
+            mut self: Pin<&mut Self>,
+            context: &mut std::task::Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(context)
+        }
+
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            context: &mut std::task::Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(context)
+        }
+    }
+
+    /// Refuses every request at once with `429` and the body `no`, but `/wait`, which it
+    /// answers once `released` is notified.
+    #[derive(Clone)]
+    struct Refusing {
+        released: Arc<Notify>,
+    }
+
+    impl Answering for Refusing {
+        async fn answer(
+            &self,
+            request: Request<RequestBody>,
+            _connection: &Connection,
+            _fields: &mut SetFields,
+        ) -> Response<Body> {
+            if request.uri().path() == "/wait" {
+                self.released.notified().await;
+            }
+            let mut response = Response::new(Body::full("no"));
+            *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+            response
+        }
+    }
+
+    /// Serves the server's end of a pipe on the own path; returns the client's end, the
+    /// count of the server's writes and what releases `/wait`.
+    fn serve_pipe() -> (DuplexStream, Arc<AtomicUsize>, Arc<Notify>) {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let writes = Arc::new(AtomicUsize::new(0));
+        let released = Arc::new(Notify::new());
+        let mut io = CountingWrites {
+            inner: server,
+            writes: writes.clone(),
+        };
+        let answering = Refusing {
+            released: released.clone(),
+        };
+        tokio::spawn(async move {
+            let guards = ConnectionGuards {
+                own_http1: true,
+                max_head_bytes: 16 * 1024,
+                header_read_timeout: Duration::from_secs(60),
+                idle_timeout: Duration::from_secs(60),
+            };
+            let (_signal, shutdown) = watch::channel(false);
+            let mut watchdog = Watchdog::new(Arc::new(Activity::new()), &guards);
+            let mut buffer = BytesMut::new();
+            let connection = Connection::new("127.0.0.1".parse().unwrap(), "http");
+            serve(Accepted {
+                io: &mut io,
+                buffer: &mut buffer,
+                watchdog: &mut watchdog,
+                shutdown: &shutdown,
+                guards: &guards,
+                answering: &answering,
+                connection: &connection,
+            })
+            .await
+        });
+        (client, writes, released)
+    }
+
+    /// Reads until `count` whole answers (`…\r\n\r\nno`) have come, within 10 s.
+    async fn read_answers(client: &mut DuplexStream, count: usize) -> String {
+        let mut seen = Vec::new();
+        let reading = async {
+            while String::from_utf8_lossy(&seen).matches("\r\n\r\nno").count() < count {
+                let mut bytes = [0u8; 4096];
+                let read = client.read(&mut bytes).await.unwrap();
+                assert!(read > 0, "the connection closed");
+                seen.extend_from_slice(&bytes[..read]);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), reading)
+            .await
+            .unwrap_or_else(|_| panic!("{count} answers did not come"));
+        String::from_utf8(seen).unwrap()
+    }
+
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+
+    #[tokio::test]
+    async fn pipelined_requests_read_together_are_answered_in_one_write() {
+        let (mut client, writes, _released) = serve_pipe();
+        client.write_all(&GET.repeat(16)).await.unwrap();
+        let answers = read_answers(&mut client, 16).await;
+        assert_eq!(answers.matches("HTTP/1.1 429 ").count(), 16, "{answers}");
+        assert_eq!(writes.load(Ordering::SeqCst), 1);
+
+        // One request alone is answered at once, in a write of its own.
+        client.write_all(GET).await.unwrap();
+        read_answers(&mut client, 1).await;
+        assert_eq!(writes.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn held_answers_are_written_before_an_answer_that_waits() {
+        let (mut client, _writes, released) = serve_pipe();
+        let mut requests = GET.repeat(2);
+        requests.extend_from_slice(b"GET /wait HTTP/1.1\r\nHost: a\r\n\r\n");
+        client.write_all(&requests).await.unwrap();
+        // Held until /wait's answer, these two would never come: it waits for them.
+        read_answers(&mut client, 2).await;
+        released.notify_one();
+        read_answers(&mut client, 1).await;
+    }
+
+    #[tokio::test]
+    async fn a_held_answer_is_written_before_the_rest_of_the_next_head_is_read() {
+        let (mut client, _writes, _released) = serve_pipe();
+        client.write_all(GET).await.unwrap();
+        client.write_all(b"GET / HTTP/1.1\r\nHo").await.unwrap();
+        read_answers(&mut client, 1).await;
+        client.write_all(b"st: a\r\n\r\n").await.unwrap();
+        read_answers(&mut client, 1).await;
     }
 }

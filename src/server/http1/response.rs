@@ -108,9 +108,11 @@ pub(super) fn encode_response_head(
     ResponseHead { framing, close }
 }
 
-/// Writes `out` (the response head) and the body after it. What is in hand goes out in one
-/// write; a body still arriving is written as it comes. A body that fails ends the connection
-/// (its length would be wrong). While it waits for the body, the connection is read on into
+/// Writes `out` (the response head, after any earlier responses held there) and the body
+/// after it. What is in hand goes out in one write; a body still arriving is written as it
+/// comes. With `hold`, a response wholly in hand stays in `out` for the next one to join (the
+/// caller writes it before it waits for anything). A body that fails ends the connection (its
+/// length would be wrong). While it waits for the body, the connection is read on into
 /// `inbound` (up to `max_inbound` bytes): a client that goes away ends the response there and
 /// then, and pipelined requests are kept.
 pub(super) async fn write_body<S>(
@@ -120,6 +122,7 @@ pub(super) async fn write_body<S>(
     framing: Framing,
     inbound: &mut BytesMut,
     max_inbound: usize,
+    hold: bool,
 ) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -170,6 +173,9 @@ where
             out.extend_from_slice(b"\r\n");
         }
     }
+    if hold {
+        return Ok(());
+    }
     write_out(io, out).await?;
     io.flush().await
 }
@@ -194,7 +200,10 @@ async fn next_frame<S: AsyncRead + Unpin>(
     }
 }
 
-async fn write_out<S: AsyncWrite + Unpin>(io: &mut S, out: &mut BytesMut) -> io::Result<()> {
+pub(super) async fn write_out<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    out: &mut BytesMut,
+) -> io::Result<()> {
     if !out.is_empty() {
         io.write_all(out).await?;
         out.clear();
@@ -356,9 +365,17 @@ mod tests {
         let (mut server, mut client) = tokio::io::duplex(1 << 20);
         let mut inbound = BytesMut::new();
         let mut out = BytesMut::from("HEAD\r\n");
-        write_body(&mut server, &mut out, body, framing, &mut inbound, 1024)
-            .await
-            .unwrap();
+        write_body(
+            &mut server,
+            &mut out,
+            body,
+            framing,
+            &mut inbound,
+            1024,
+            false,
+        )
+        .await
+        .unwrap();
         drop(server);
         let mut written = Vec::new();
         client.read_to_end(&mut written).await.unwrap();
@@ -376,15 +393,20 @@ mod tests {
         assert_eq!(none, b"HEAD\r\n");
     }
 
+    type Frames = tokio::sync::mpsc::Sender<Result<http_body::Frame<Bytes>, std::io::Error>>;
+
+    /// A body whose frames are what is sent on the channel, and that ends when it closes.
+    fn sent_body() -> (Frames, Body) {
+        let (sender, receiver) = tokio::sync::mpsc::channel(1);
+        let frames = tokio_stream::wrappers::ReceiverStream::new(receiver);
+        (sender, Body::boxed(http_body_util::StreamBody::new(frames)))
+    }
+
     #[tokio::test]
     async fn a_client_that_leaves_while_the_body_is_awaited_ends_the_response() {
         let (mut server, client) = tokio::io::duplex(1 << 16);
         // A body whose next frame never comes.
-        let (_sender, receiver) =
-            tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, std::io::Error>>(1);
-        let body = Body::boxed(http_body_util::StreamBody::new(
-            tokio_stream::wrappers::ReceiverStream::new(receiver),
-        ));
+        let (_sender, body) = sent_body();
         drop(client);
         let mut out = BytesMut::from("HEAD\r\n");
         let mut inbound = BytesMut::new();
@@ -397,11 +419,64 @@ mod tests {
                 Framing::Chunked,
                 &mut inbound,
                 1024,
+                false,
             ),
         )
         .await
         .expect("the response ends when its client leaves, not when its body does");
         assert!(result.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_held_response_in_hand_stays_in_the_buffer_and_one_still_arriving_is_written() {
+        let (mut server, mut client) = tokio::io::duplex(1 << 16);
+        let mut inbound = BytesMut::new();
+        let mut out = BytesMut::from("EARLIER\r\nHEAD\r\n");
+        let body = full(b"hello").into_body();
+        write_body(
+            &mut server,
+            &mut out,
+            body,
+            Framing::Length,
+            &mut inbound,
+            1024,
+            true,
+        )
+        .await
+        .unwrap();
+        assert_eq!(&out[..], b"EARLIER\r\nHEAD\r\nhello");
+
+        // A body that is not in hand: what is held goes out before the wait, not after it.
+        let (sender, body) = sent_body();
+        out.extend_from_slice(b"\r\nNEXT\r\n");
+        let writing = write_body(
+            &mut server,
+            &mut out,
+            body,
+            Framing::Chunked,
+            &mut inbound,
+            1024,
+            true,
+        );
+        let reading = async {
+            let mut seen = vec![0; 32];
+            let read = client.read(&mut seen).await.unwrap();
+            seen.truncate(read);
+            sender
+                .send(Ok(http_body::Frame::data(Bytes::from_static(b"x"))))
+                .await
+                .unwrap();
+            drop(sender);
+            seen
+        };
+        let (written, seen) = tokio::join!(writing, reading);
+        written.unwrap();
+        assert_eq!(seen, b"EARLIER\r\nHEAD\r\nhello\r\nNEXT\r\n");
+        assert_eq!(
+            &out[..],
+            b"1\r\nx\r\n0\r\n\r\n",
+            "the end of a chunked body held"
+        );
     }
 
     #[test]

@@ -77,6 +77,66 @@ async fn pipelined_requests_are_answered_in_order_and_head_has_no_body() {
 }
 
 #[tokio::test]
+async fn pipelined_refusals_and_admissions_come_back_in_order_each_with_its_own_id() {
+    let policy = POLICY.replace("capacity = 1000", "capacity = 2");
+    let mut requests = Vec::new();
+    for index in 0..6 {
+        requests.extend_from_slice(format!("GET /{index} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes());
+    }
+    let (_upstream, _gateway, mut stream) = connect_and_send(&policy, &requests).await;
+    let mut ids = std::collections::HashSet::new();
+    for index in 0..6 {
+        let response = read_response(&mut stream, false).await;
+        if index < 2 {
+            assert_eq!(response.status(), 200, "{}", response.head);
+            assert_eq!(upstream_uri(&response), format!("/{index}"));
+        } else {
+            assert_eq!(response.status(), 429, "{}", response.head);
+            assert!(response.text().contains("too_many_requests"));
+        }
+        assert!(ids.insert(response.header("x-request-id").unwrap()));
+    }
+}
+
+#[tokio::test]
+async fn an_answer_read_ahead_of_a_slow_one_is_not_held_behind_it() {
+    let upstream = start_upstream().await;
+    upstream
+        .delay_ms
+        .store(60_000, std::sync::atomic::Ordering::SeqCst);
+    let gateway = start_gateway_on(HTTP1, POLICY, upstream.address).await;
+    let mut stream = TcpStream::connect(gateway.addresses[0]).await.unwrap();
+    stream
+        .write_all(
+            b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n\
+              GET /delayed HTTP/1.1\r\nHost: a\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        read_response(&mut stream, false),
+    )
+    .await
+    .expect("the first answer waited for the second");
+    assert_eq!(upstream_uri(&first), "/first");
+}
+
+#[tokio::test]
+async fn an_answer_read_with_a_body_request_comes_before_hyper_takes_over() {
+    let (_upstream, _gateway, mut stream) = connect_and_send(
+        POLICY,
+        b"GET /before HTTP/1.1\r\nHost: a\r\n\r\n\
+          POST /echo-body HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await;
+    let before = read_response(&mut stream, false).await;
+    assert_eq!(upstream_uri(&before), "/before");
+    let echoed = read_response(&mut stream, false).await;
+    assert_eq!(echoed.text(), "hello");
+}
+
+#[tokio::test]
 async fn a_request_with_a_body_hands_the_connection_to_hyper_mid_way() {
     let (_upstream, _gateway, mut stream) =
         connect_and_send(POLICY, b"GET /before HTTP/1.1\r\nHost: a\r\n\r\n").await;

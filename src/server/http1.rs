@@ -30,7 +30,7 @@ mod request;
 mod response;
 
 use request::{parse_request, Parsed};
-use response::{encode_response_head, write_body, write_out};
+use response::{encode_response_head, send_out, write_body};
 
 /// Responses held for pipelined requests go out once this much is waiting.
 const HOLD_AT_MOST: usize = 64 * 1024;
@@ -244,12 +244,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Http1<'_, S> {
         if self.out.is_empty() {
             return Ok(());
         }
-        let writing = async {
-            write_out(self.io, &mut self.out).await?;
-            self.io.flush().await
-        };
         tokio::select! {
-            written = writing => written.map_err(|_| Ending::Closed),
+            written = send_out(self.io, &mut self.out) => written.map_err(|_| Ending::Closed),
             _ = self.watchdog.until_idle() => Err(Ending::Closed),
         }
     }

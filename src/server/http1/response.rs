@@ -176,6 +176,14 @@ where
     if hold {
         return Ok(());
     }
+    send_out(io, out).await
+}
+
+/// Writes what `out` holds and flushes it through (TLS keeps records until flushed).
+pub(super) async fn send_out<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    out: &mut BytesMut,
+) -> io::Result<()> {
     write_out(io, out).await?;
     io.flush().await
 }
@@ -200,10 +208,7 @@ async fn next_frame<S: AsyncRead + Unpin>(
     }
 }
 
-pub(super) async fn write_out<S: AsyncWrite + Unpin>(
-    io: &mut S,
-    out: &mut BytesMut,
-) -> io::Result<()> {
+async fn write_out<S: AsyncWrite + Unpin>(io: &mut S, out: &mut BytesMut) -> io::Result<()> {
     if !out.is_empty() {
         io.write_all(out).await?;
         out.clear();

@@ -54,7 +54,7 @@ fn program(name: &str) -> String {
 /// Starts pebble (its directory over TLS with a certificate of `pki`), validating on the
 /// gateway's `http_port` and `tls_port`, every name resolving to 127.0.0.1.
 async fn start_pebble(dir: &Path, pki: &Pki, http_port: u16, tls_port: u16) -> Pebble {
-    start_pebble_at(dir, pki, http_port, tls_port, free_port()).await
+    start_pebble_on(dir, pki, http_port, tls_port, None).await
 }
 
 /// As [`start_pebble`], its directory on `listen`.
@@ -64,6 +64,62 @@ async fn start_pebble_at(
     http_port: u16,
     tls_port: u16,
     listen: u16,
+) -> Pebble {
+    start_pebble_on(dir, pki, http_port, tls_port, Some(listen)).await
+}
+
+/// A port from `free_port` can be taken again before pebble binds it (another test's
+/// outgoing connection, say): a pebble that exits is started again on fresh ports, and
+/// what it said is in the panic when it never comes up.
+async fn start_pebble_on(
+    dir: &Path,
+    pki: &Pki,
+    http_port: u16,
+    tls_port: u16,
+    listen: Option<u16>,
+) -> Pebble {
+    let mut said = Vec::new();
+    for attempt in 0..5 {
+        let listen = listen.unwrap_or_else(free_port);
+        let log = dir.join(format!("pebble-{attempt}.log"));
+        let mut pebble = launch_pebble(dir, pki, http_port, tls_port, listen, &log);
+        let address = SocketAddr::from(([127, 0, 0, 1], listen));
+        match listening(&mut pebble, address).await {
+            Ok(()) => return pebble,
+            Err(exit) => said.push(format!(
+                "attempt {attempt} on {address}: {exit}\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("pebble did not listen:\n{}", said.join("\n"));
+}
+
+/// Waits until pebble accepts on `address` (up to 30 s), or says how it or its DNS ended.
+async fn listening(pebble: &mut Pebble, address: SocketAddr) -> Result<(), String> {
+    for _ in 0..1500 {
+        if tokio::net::TcpStream::connect(address).await.is_ok() {
+            return Ok(());
+        }
+        for process in &mut pebble.processes {
+            if let Ok(Some(status)) = process.try_wait() {
+                return Err(format!("a process exited ({status})"));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err("still not listening after 30 s".to_owned())
+}
+
+/// pebble and `pebble-challtestsrv` on fresh ports of their own, both writing to `log`.
+fn launch_pebble(
+    dir: &Path,
+    pki: &Pki,
+    http_port: u16,
+    tls_port: u16,
+    listen: u16,
+    log: &Path,
 ) -> Pebble {
     let own = pki.leaf("pebble", &["localhost", "127.0.0.1"], 30);
     let (management, dns, dns_management) = (free_port(), free_port(), free_port());
@@ -81,14 +137,15 @@ async fn start_pebble_at(
     });
     let config_file = dir.join("pebble.json");
     std::fs::write(&config_file, config.to_string()).unwrap();
-    let quiet = || Stdio::null();
+    let log = std::fs::File::create(log).unwrap();
+    let to_log = || Stdio::from(log.try_clone().unwrap());
     let dns_server = Command::new(program("pebble-challtestsrv"))
         .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
         .args(["-dns01", &format!("127.0.0.1:{dns}")])
         .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
         .args(["-management", &format!("127.0.0.1:{dns_management}")])
-        .stdout(quiet())
-        .stderr(quiet())
+        .stdout(to_log())
+        .stderr(to_log())
         .spawn()
         .expect("pebble-challtestsrv starts");
     let pebble = Command::new(program("pebble"))
@@ -98,23 +155,15 @@ async fn start_pebble_at(
         // itself is real.
         .env("PEBBLE_VA_NOSLEEP", "1")
         .env("PEBBLE_WFE_NONCEREJECT", "0")
-        .stdout(quiet())
-        .stderr(quiet())
+        .stdout(to_log())
+        .stderr(to_log())
         .spawn()
         .expect("pebble starts");
-    let pebble = Pebble {
+    Pebble {
         processes: vec![pebble, dns_server],
         directory: format!("https://127.0.0.1:{listen}/dir"),
         management: SocketAddr::from(([127, 0, 0, 1], management)),
-    };
-    let address = SocketAddr::from(([127, 0, 0, 1], listen));
-    for _ in 0..500 {
-        if tokio::net::TcpStream::connect(address).await.is_ok() {
-            return pebble;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("pebble did not listen on {address}");
 }
 
 /// A GET over TLS (trusting `ca`), its body.

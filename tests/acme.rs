@@ -68,8 +68,8 @@ async fn start_pebble_at(
     start_pebble_on(dir, pki, http_port, tls_port, Some(listen)).await
 }
 
-/// A port from `free_port` can be taken again before pebble binds it (another test's
-/// outgoing connection, say): a pebble that exits is started again on fresh ports, and
+/// A port from `free_port` can still be taken before pebble binds it (by a process outside
+/// the tests, say): a pebble that exits is started again on fresh ports, and
 /// what it said is in the panic when it never comes up.
 async fn start_pebble_on(
     dir: &Path,

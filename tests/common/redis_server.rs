@@ -5,15 +5,36 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A port that was free a moment ago (and whose cluster bus port, +10000, too).
+/// Where `free_port` looks: below Linux's ephemeral range (32768 and up), so that no
+/// outgoing connection (a test's client, a pool's connection to Redis) can take a port between
+/// its choice and the bind of the process it was chosen for, as happened with bind(0)'s ports;
+/// and low enough that the cluster bus port (+10000) stays below it too.
+const FREE_PORTS: std::ops::Range<u16> = 20_000..22_768;
+
+/// A port that was free a moment ago (and whose cluster bus port, +10000, too), never handed
+/// out twice in one test process: tests running side by side cannot be given the same one.
 pub fn free_port() -> u16 {
-    loop {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("address").port();
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = u32::from(FREE_PORTS.end - FREE_PORTS.start);
+    // Each process starts somewhere else in the range: a port the last one used may still
+    // be held by a process it left behind, or by its connections.
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % span,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..span {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = FREE_PORTS.start + offset as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
             return port;
         }
     }
+    panic!("no free port in {FREE_PORTS:?}");
 }
 
 pub struct RedisServer {

@@ -14,7 +14,9 @@
 # a core. Per row: requests/s, p50, p99, the proxy's CPU µs per request (from /proc/PID/stat
 # before and after: the figure that stays stable when requests/s swings on a noisy machine)
 # and how much of it the kernel spent on the proxy's behalf (system time), its peak RSS, and
-# ratios to rows 1 and 3; per round, the share of the machine's time its hypervisor stole. The
+# ratios to rows 1 and 3; per round, the share of the machine's time its hypervisor stole, and
+# how busy CPU 0 was (wrk, the upstream and Redis share it: a row that keeps it busy is bounded
+# there, not by the proxy). The
 # rows run in rounds, one after the other, and the table gives each row's median over the
 # rounds: on a shared machine a neighbour's burst then lands in one round of one row, not in
 # the whole of it. Everything started here is stopped by PID.
@@ -69,6 +71,11 @@ steal_ticks() {
   awk '$1 == "cpu" {print $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat
 }
 
+# CPU $1's busy ticks (all but idle and iowait) and all its ticks, from /proc/stat.
+busy_ticks() {
+  awk -v cpu="cpu$1" '$1 == cpu {print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat
+}
+
 peak_rss_kib() {
   local peak=0 pid value
   for pid in "$@"; do
@@ -99,12 +106,17 @@ measure() {
   local user_before system_before user_after system_after output rps p50 p99 requests cpu_us
   local kernel_us rss
   local steal_before ticks_before steal_after ticks_after steal
+  local loadgen_before loadgen_ticks_before loadgen_after loadgen_ticks_after loadgen_busy
   read -r user_before system_before < <(cpu_ticks "$@")
   read -r steal_before ticks_before < <(steal_ticks)
+  read -r loadgen_before loadgen_ticks_before < <(busy_ticks "$LOADGEN_CPU")
   output=$(taskset -c "$LOADGEN_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" --latency \
     -H 'x-user-id: bench-user' "$url")
   read -r user_after system_after < <(cpu_ticks "$@")
   read -r steal_after ticks_after < <(steal_ticks)
+  read -r loadgen_after loadgen_ticks_after < <(busy_ticks "$LOADGEN_CPU")
+  loadgen_busy=$(awk -v b=$((loadgen_after - loadgen_before)) \
+    -v t=$((loadgen_ticks_after - loadgen_ticks_before)) 'BEGIN {printf "%.0f", (t > 0 ? 100 * b / t : 0)}')
   steal=$(awk -v s=$((steal_after - steal_before)) -v t=$((ticks_after - ticks_before)) \
     'BEGIN {printf "%.0f", (t > 0 ? 100 * s / t : 0)}')
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$output")
@@ -121,9 +133,9 @@ measure() {
     kernel_us="-"
     rss="-"
   fi
-  echo "$name|$rps|$p50|$p99|$cpu_us|$kernel_us|$rss|$steal" >> "$results"
+  echo "$name|$rps|$p50|$p99|$cpu_us|$kernel_us|$rss|$steal|$loadgen_busy" >> "$results"
   measured_requests=$requests
-  echo "  $name: $rps requests/s, p50 $p50, p99 $p99, $cpu_us CPU µs/request ($kernel_us in the kernel), steal $steal %" >&2
+  echo "  $name: $rps requests/s, p50 $p50, p99 $p99, $cpu_us CPU µs/request ($kernel_us in the kernel), steal $steal %, CPU $LOADGEN_CPU busy $loadgen_busy %" >&2
 }
 
 # nginx with one worker, pinned to the proxy CPU; prints the PIDs of master and worker.
@@ -237,10 +249,11 @@ def latency(us):
 # Every round's measurement of each row, the rows in their order.
 rounds = {}
 for line in open(sys.argv[1]):
-    name, rps, p50, p99, cpu, kernel, rss, steal = line.rstrip("\n").split("|")
+    name, rps, p50, p99, cpu, kernel, rss, steal, loadgen_busy = line.rstrip("\n").split("|")
     rounds.setdefault(name, []).append(
         (float(rps), microseconds(p50), microseconds(p99), None if cpu == "-" else float(cpu),
-         None if kernel == "-" else float(kernel), None if rss == "-" else int(rss), int(steal)))
+         None if kernel == "-" else float(kernel), None if rss == "-" else int(rss), int(steal),
+         int(loadgen_busy)))
 names = list(rounds)
 median = {name: [statistics.median(m[i] for m in rounds[name]) if rounds[name][0][i] is not None
                  else None for i in range(5)] for name in names}
@@ -279,6 +292,11 @@ print(f"  row 5b ÷ row 4, requests/s: {per_round(5, 3, 0)}")
 print("  steal, % of the machine's CPU time, rows in order:")
 for index in range(count):
     print(f"    round {index + 1}: " + " ".join(str(rounds[name][index][6]) for name in names))
+# CPU 0 runs wrk and the upstream, and in rows 5 and 5b Redis too: a row where it is busy all
+# the time is bounded there, not by the proxy on CPU 1.
+print("  CPU 0 (load generator, upstream, Redis) busy, %, rows in order:")
+for index in range(count):
+    print(f"    round {index + 1}: " + " ".join(str(rounds[name][index][7]) for name in names))
 PY
 echo
 echo "$redis_summary"

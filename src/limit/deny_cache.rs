@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use foldhash::quality::RandomState;
 
@@ -53,6 +54,9 @@ pub struct DenyCache {
     shards: Box<[Mutex<Shard>]>,
     /// Picks the shard; seeded apart from the shards' own maps.
     sharding: RandomState,
+    /// Entries in all shards, changed under their locks: while it is 0, as it is for a
+    /// replica no client has been refused on, a request's keys are not looked up.
+    entries: AtomicUsize,
 }
 
 impl Default for DenyCache {
@@ -60,6 +64,7 @@ impl Default for DenyCache {
         DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             sharding: RandomState::default(),
+            entries: AtomicUsize::new(0),
         }
     }
 }
@@ -87,6 +92,7 @@ impl DenyCache {
 
     fn insert(&self, key: &str, entry: Entry, now: Timestamp) {
         let mut entries = self.shard(key).lock();
+        let before = entries.len();
         if entries.len() >= MAX_ENTRIES_PER_SHARD {
             entries.retain(|_, entry| entry.matters(now));
             if entries.len() >= MAX_ENTRIES_PER_SHARD {
@@ -94,6 +100,30 @@ impl DenyCache {
             }
         }
         entries.insert(key.to_owned(), entry);
+        self.counted(before, entries.len());
+    }
+
+    /// Keeps the count of entries as a shard went from `before` entries to `after`.
+    fn counted(&self, before: usize, after: usize) {
+        if after > before {
+            self.entries.fetch_add(after - before, Ordering::Relaxed);
+        } else if before > after {
+            self.entries.fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
+
+    /// Removes `key` from its shard, `entries`, keeping the count.
+    fn remove(&self, entries: &mut Shard, key: &str) {
+        if entries.remove(key).is_some() {
+            self.entries.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether any key is remembered: when not, no lookup can refuse. A key remembered
+    /// at this very moment by another thread may be missed, as if it came a moment later:
+    /// the request then goes to the store, which is never wrong.
+    pub fn holds_any(&self) -> bool {
+        self.entries.load(Ordering::Relaxed) > 0
     }
 
     /// If `key` certainly holds fewer than `cost` tokens at `now`: the tokens it holds at most.
@@ -101,7 +131,7 @@ impl DenyCache {
         let mut entries = self.shard(key).lock();
         let entry = entries.get(key)?;
         if !entry.matters(now) {
-            entries.remove(key);
+            self.remove(&mut entries, key);
             return None;
         }
         let Entry::Bucket { .. } = entry else {
@@ -118,7 +148,7 @@ impl DenyCache {
             return None;
         };
         if until <= now {
-            entries.remove(key);
+            self.remove(&mut entries, key);
             return None;
         }
         Some(until.saturating_elapsed_since(now).as_secs_f64())
@@ -126,13 +156,15 @@ impl DenyCache {
 
     /// Forgets what it knew of `key` (an operator reset it).
     pub fn forget(&self, key: &str) {
-        self.shard(key).lock().remove(key);
+        self.remove(&mut self.shard(key).lock(), key);
     }
 
     /// Forgets everything: resets may have been missed.
     pub fn clear(&self) {
         for shard in self.shards.iter() {
-            shard.lock().clear();
+            let mut entries = shard.lock();
+            self.counted(entries.len(), 0);
+            entries.clear();
         }
     }
 
@@ -196,6 +228,34 @@ mod tests {
         assert_eq!(cache.insufficient("k", 3.0, at(1.0)), Some(1.0));
         assert_eq!(cache.insufficient("k", 3.0, at(2.0)), None);
         assert!(cache.is_empty());
+        assert!(!cache.holds_any());
+    }
+
+    #[test]
+    fn it_holds_any_while_a_key_is_remembered_however_it_goes() {
+        let cache = DenyCache::default();
+        assert!(!cache.holds_any());
+        cache.remember("a", 0.0, at(0.0), 1.0, 10.0);
+        cache.remember("a", 0.0, at(1.0), 1.0, 10.0);
+        cache.remember_ban("b", at(5.0), at(0.0));
+        assert!(cache.holds_any());
+        cache.forget("a");
+        assert!(cache.holds_any(), "b is still banned");
+        assert_eq!(cache.banned("b", at(6.0)), None);
+        assert!(!cache.holds_any(), "b's ban ended");
+        cache.remember("c", 0.0, at(0.0), 1.0, 10.0);
+        cache.clear();
+        assert!(!cache.holds_any());
+        cache.forget("c");
+        assert!(!cache.holds_any(), "forgetting what is gone counts nothing");
+
+        // A shard that fills is emptied of what no longer matters, then wholly.
+        for index in 0..SHARDS * MAX_ENTRIES_PER_SHARD + 100 {
+            cache.remember(&index.to_string(), 0.0, at(0.0), 1.0, 10.0);
+        }
+        assert_eq!(cache.entries.load(Ordering::Relaxed), cache.len());
+        cache.clear();
+        assert!(!cache.holds_any());
     }
 
     #[test]

@@ -118,6 +118,9 @@ impl RedisStore {
         keys: &StoreKeys,
         now: Timestamp,
     ) -> Option<StoreVerdict> {
+        if !self.deny_cache.holds_any() {
+            return None;
+        }
         let mut refused = false;
         let verdicts: Verdicts = requests
             .iter()

@@ -151,6 +151,12 @@ cpu_ticks() {
   echo $((stat[13] + stat[14]))
 }
 
+# busy_ticks CPU: that CPU's busy ticks (all but idle and iowait) and all its ticks, from
+# /proc/stat.
+busy_ticks() {
+  awk -v cpu="cpu$1" '$1 == cpu {print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat
+}
+
 # system_ticks PID: the process's system time alone so far, in clock ticks: the kernel's work
 # on its sockets, which no change to the proxy's own code takes away.
 system_ticks() {

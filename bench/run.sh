@@ -71,11 +71,6 @@ steal_ticks() {
   awk '$1 == "cpu" {print $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat
 }
 
-# CPU $1's busy ticks (all but idle and iowait) and all its ticks, from /proc/stat.
-busy_ticks() {
-  awk -v cpu="cpu$1" '$1 == cpu {print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat
-}
-
 peak_rss_kib() {
   local peak=0 pid value
   for pid in "$@"; do

@@ -36,13 +36,8 @@ start_fast_upstream
 rows=("4:1000000000000:1000000000/s" "6b:1:1/h")
 redis_section=""
 if [[ "${STORE:-memory}" == redis ]]; then
-  need_tools redis-server
-  redis_port=$(free_port)
-  taskset -c 0 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$work" >/dev/null 2>&1 &
-  redis_pid=$!
-  pids+=("$redis_pid")
-  wait_for_port "$redis_port"
+  need_tools redis-server redis-cli
+  start_redis
   redis_section="[store]
 backend = \"redis\"
 url = \"redis://127.0.0.1:$redis_port\""

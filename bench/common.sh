@@ -174,6 +174,20 @@ start_fast_upstream() {
   wait_for_port "$upstream_port"
 }
 
+# start_redis [WRAPPER...]: a scratch redis-server (nothing persisted) run by WRAPPER, by
+# default `taskset -c 0`, stopped on exit; returns once it answers, and sets redis_port and
+# redis_pid.
+start_redis() {
+  (($#)) || set -- taskset -c 0
+  redis_port=$(free_port)
+  "$@" redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$work" >/dev/null 2>&1 &
+  redis_pid=$!
+  pids+=("$redis_pid")
+  wait_for_port "$redis_port"
+  until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.2; done
+}
+
 # start_gateway POLICY PORT: the release gateway with one worker thread on CPU 1, serving
 # POLICY (which listens on PORT), stopped on exit; sets gateway (its PID).
 start_gateway() {

@@ -64,11 +64,7 @@ wait_for_port "$upstream_port"
 
 store_section=""
 if [[ "${STORE:-memory}" == redis ]]; then
-  redis_port=$(free_port)
-  taskset -c 0 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$work" >/dev/null 2>&1 &
-  pids+=($!)
-  wait_for_port "$redis_port"
+  start_redis
   # Under callgrind the gateway runs some 30 times slower: with the default 50 ms, calls would
   # time out, the circuit would open, and requests would skip Redis (and the count with them).
   store_section="[store]

@@ -36,12 +36,7 @@ fi
 cargo build --release --quiet --bin tollgate --example fast_upstream
 start_fast_upstream
 
-redis_port=$(free_port)
-taskset -c 0 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$work" >/dev/null 2>&1 &
-redis=$!
-pids+=("$redis")
-wait_for_port "$redis_port"
+start_redis
 
 # A CPU cgroup for the gateway of the bound rows: 10 ms periods, so that a held gateway
 # pauses for milliseconds at a time, well inside the store's timeout.
@@ -87,7 +82,7 @@ row() {
   # Warmed up first: connections to the upstream and to Redis made, buckets in place.
   taskset -c 0 wrk -t1 -c"$CONNECTIONS" -d1s -H 'x-user-id: bench-user' \
     "http://127.0.0.1:$port/" >/dev/null
-  redis_before=$(cpu_ticks "$redis")
+  redis_before=$(cpu_ticks "$redis_pid")
   read -r cpu0_before cpu0_ticks_before < <(busy_ticks 0)
   measured=$(gateway_row "http://127.0.0.1:$port/" -H 'x-user-id: bench-user')
   read -r cpu0_after cpu0_ticks_after < <(busy_ticks 0)
@@ -96,7 +91,7 @@ row() {
     /^tollgate_store_batch_requests_sum/ {sum += $2} /^tollgate_store_batch_requests_count/ {n += $2}
     END {if (n > 0) printf "%.1f", sum / n; else print "-"}')
   awk -v row="$name" -v placement="$placement" -v m="$measured" -v per_call="$per_call" \
-    -v redis=$(($(cpu_ticks "$redis") - redis_before)) -v hz="$(getconf CLK_TCK)" -v d="$DURATION" \
+    -v redis=$(($(cpu_ticks "$redis_pid") - redis_before)) -v hz="$(getconf CLK_TCK)" -v d="$DURATION" \
     -v busy=$((cpu0_after - cpu0_before)) -v ticks=$((cpu0_ticks_after - cpu0_ticks_before)) \
     'BEGIN {split(m, f, " "); n = f[1] * d;
             printf "%s|%s|%s|%s|%.3f|%.0f|%s\n", row, placement, f[1], f[2], redis * 1e6 / hz / n,

@@ -96,33 +96,22 @@ for _ in range(calls):
 PY
 }
 
-# start_redis [WRAPPER...]: a private redis-server on a free port; sets $port and $redis.
-start_redis() {
-  port=$(free_port)
-  "$@" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$work" >/dev/null 2>&1 &
-  redis=$!
-  pids+=("$redis")
-  wait_for_port "$port"
-  until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
-}
-
 # calls N: N calls of BATCH decisions of BUCKETS buckets each, sent from CPU 0.
 calls() {
   local sha
   if [[ -n "${FUNCTION:-}" ]]; then
     # The script's body as a function whose parameters bear the names of a script's globals.
     printf '#!lua name=bench\nredis.register_function("decide", function(KEYS, ARGV)\n%s\nend)\n' \
-      "$(cat "$script")" | redis-cli -p "$port" -x function load replace >/dev/null
+      "$(cat "$script")" | redis-cli -p "$redis_port" -x function load replace >/dev/null
     sha=none
   else
-    sha=$(redis-cli -p "$port" script load "$(cat "$script")")
+    sha=$(redis-cli -p "$redis_port" script load "$(cat "$script")")
   fi
   calls_stream "$sha" "$1" >"$work/calls"
-  taskset -c 0 redis-cli -p "$port" --pipe <"$work/calls" >"$work/pipe.out"
+  taskset -c 0 redis-cli -p "$redis_port" --pipe <"$work/calls" >"$work/pipe.out"
   if ! grep -q 'errors: 0,' "$work/pipe.out"; then
     echo "bench: the script failed:" >&2
-    redis-cli -p "$port" evalsha "$sha" 0 >&2 || true
+    redis-cli -p "$redis_port" evalsha "$sha" 0 >&2 || true
     cat "$work/pipe.out" >&2
     exit 1
   fi
@@ -131,7 +120,7 @@ calls() {
 if [[ -z "${INSTRUCTIONS:-}" ]]; then
   start_redis taskset -c 1
   calls 200000
-  stats=$(redis-cli -p "$port" info commandstats | grep -E '^cmdstat_(evalsha|fcall):')
+  stats=$(redis-cli -p "$redis_port" info commandstats | grep -E '^cmdstat_(evalsha|fcall):')
   per_call=$(grep -o 'usec_per_call=[0-9.]*' <<<"$stats" | cut -d= -f2)
   echo "$script: $(python3 -c "print(f'{$per_call / $batch:.2f}')") µs of Redis CPU per $buckets-bucket decision ($batch per call)"
   exit 0
@@ -143,8 +132,8 @@ instructions() {
   local out="$work/callgrind.$1"
   start_redis valgrind --tool=callgrind --callgrind-out-file="$out"
   calls "$1"
-  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-  wait "$redis" || true
+  redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$redis_pid" || true
   callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !seen {gsub(",", "", $1); print $1; seen = 1}'
 }
 few=$(instructions 1000)

@@ -85,11 +85,7 @@ taskset -c "$LOADGEN_CPU" ./target/release/examples/fast_upstream "127.0.0.1:$up
 pids+=($!)
 wait_for_port "$upstream_port"
 
-redis_port=$(free_port)
-taskset -c "$LOADGEN_CPU" redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$work" >/dev/null 2>&1 &
-pids+=($!)
-wait_for_port "$redis_port"
+start_redis
 
 results="$work/results"
 : > "$results"

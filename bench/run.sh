@@ -85,7 +85,7 @@ taskset -c "$LOADGEN_CPU" ./target/release/examples/fast_upstream "127.0.0.1:$up
 pids+=($!)
 wait_for_port "$upstream_port"
 
-start_redis
+start_redis taskset -c "$LOADGEN_CPU"
 
 results="$work/results"
 : > "$results"
